@@ -1,0 +1,1 @@
+//! nx collectives: communicators (sim, MPI, NCCL) and the executor of placement plans. Not built yet.

@@ -1,0 +1,159 @@
+//! Type promotion: the Array API standard's tables, and nbxtensor's decisions for what the
+//! standard leaves open.
+//!
+//! | case | result |
+//! |---|---|
+//! | one kind | the wider (two half formats, `f16` with `bf16`: `f32`) |
+//! | a signed with an unsigned integer | the narrowest signed integer holding both; with `u64`: refused |
+//! | two kinds (bool < uint < int < float < complex) | the higher kind at its own width (`i64` with `f16`: `f16`) |
+//! | a float with a complex | the complex of the wider float's precision (`c64` with `f64`: `c128`) |
+//!
+//! A Python-style scalar is weak: it takes the array's dtype ([`scalar_result`]), but for a float
+//! scalar with an integer or bool array (`f64`, NEP 50) and a complex scalar with an integer array
+//! (`c128`) or a half array (`c64`); an integer scalar outside an integer array's range is refused.
+
+use super::{Dtype, Kind};
+use crate::{Error, Result};
+
+fn float_bits(d: Dtype) -> u32 {
+    match d {
+        Dtype::F16 | Dtype::BF16 => 16,
+        Dtype::F32 | Dtype::C64 => 32,
+        _ => 64,
+    }
+}
+
+fn signed_of(bits: usize) -> Option<Dtype> {
+    match bits {
+        1 => Some(Dtype::I8),
+        2 => Some(Dtype::I16),
+        4 => Some(Dtype::I32),
+        8 => Some(Dtype::I64),
+        _ => None,
+    }
+}
+
+/// The dtype of a binary operation on arrays of dtypes `a` and `b`. Symmetric.
+///
+/// # Errors
+/// [`Error::NoPromotion`] for a signed integer with `u64`, naming both.
+pub fn binary_result(a: Dtype, b: Dtype) -> Result<Dtype> {
+    use Dtype::*;
+    if a == b {
+        return Ok(a);
+    }
+    let (lo, hi) = if (a.kind(), a.size()) <= (b.kind(), b.size()) { (a, b) } else { (b, a) };
+    Ok(match (lo.kind(), hi.kind()) {
+        (Kind::Bool, _) => hi,
+        (Kind::Uint, Kind::Uint) | (Kind::Int, Kind::Int) => hi,
+        (Kind::Uint, Kind::Int) => {
+            if hi.size() > lo.size() {
+                hi
+            } else {
+                signed_of(lo.size() * 2).ok_or(Error::NoPromotion { left: a, right: b })?
+            }
+        }
+        (Kind::Uint | Kind::Int, _) => hi,
+        (Kind::Float, Kind::Float) => {
+            if matches!((lo, hi), (F16, BF16) | (BF16, F16)) {
+                F32
+            } else if lo.size() >= hi.size() {
+                lo
+            } else {
+                hi
+            }
+        }
+        (Kind::Float, Kind::Complex) => {
+            if float_bits(lo) > float_bits(hi) {
+                C128
+            } else {
+                hi
+            }
+        }
+        (Kind::Complex, Kind::Complex) => {
+            if lo.size() >= hi.size() {
+                lo
+            } else {
+                hi
+            }
+        }
+        _ => unreachable!("kinds are ordered lo <= hi"),
+    })
+}
+
+/// The dtype of an operation over arrays of all of `dtypes`: [`binary_result`] folded, which is
+/// independent of the order.
+///
+/// # Errors
+/// [`Error::NoPromotion`] as [`binary_result`]; [`Error::NoDtypes`] for an empty list.
+pub fn result_type(dtypes: &[Dtype]) -> Result<Dtype> {
+    let (&first, rest) = dtypes.split_first().ok_or(Error::NoDtypes { func: "nx_kernels::result_type" })?;
+    rest.iter().try_fold(first, |acc, &d| binary_result(acc, d))
+}
+
+/// A Python-style scalar operand: weak, it takes the array's dtype where it can.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar {
+    /// A bool.
+    Bool(bool),
+    /// An integer.
+    Int(i128),
+    /// A float.
+    Float(f64),
+    /// A complex.
+    Complex(f64, f64),
+}
+
+/// The dtype of a binary operation on an array of dtype `array` and the weak scalar `s`.
+///
+/// # Errors
+/// [`Error::ScalarOutOfRange`] for an integer scalar outside an integer array's range.
+pub fn scalar_result(array: Dtype, s: Scalar) -> Result<Dtype> {
+    use Dtype::*;
+    Ok(match (s, array.kind()) {
+        (Scalar::Bool(_), _) => array,
+        (Scalar::Int(_), Kind::Bool) => I64,
+        (Scalar::Int(i), Kind::Int | Kind::Uint) => {
+            let (lo, hi) = array.int_range().expect("an integer dtype");
+            if i < lo || i > hi {
+                return Err(Error::ScalarOutOfRange { value: i, dtype: array, lo, hi });
+            }
+            array
+        }
+        (Scalar::Int(_), _) => array,
+        (Scalar::Float(_), Kind::Bool | Kind::Int | Kind::Uint) => F64,
+        (Scalar::Float(_), _) => array,
+        (Scalar::Complex(..), Kind::Bool | Kind::Int | Kind::Uint) => C128,
+        (Scalar::Complex(..), Kind::Float) => {
+            if array == F64 {
+                C128
+            } else {
+                C64
+            }
+        }
+        (Scalar::Complex(..), Kind::Complex) => array,
+    })
+}
+
+/// The dtype a float-only op (`rsqrt`, `exp`, …) reads an operand of dtype `d` as: `f32` for bool
+/// and integers, `d` itself for floats.
+pub fn float_math_input(d: Dtype) -> Dtype {
+    if d.is_float() {
+        d
+    } else {
+        Dtype::F32
+    }
+}
+
+/// The widest float among `dtypes` where one is wider than two bytes (`[f16, f32]` → `f32`);
+/// among half formats alone, the one there is, or `None` for `f16` with `bf16`, which a precision
+/// [`Policy`](super::policy::Policy) decides. Non-float dtypes are ignored; `None` if none is a
+/// float.
+pub fn promoted(dtypes: &[Dtype]) -> Option<Dtype> {
+    let floats: Vec<Dtype> = dtypes.iter().copied().filter(|d| d.is_float()).collect();
+    let widest = floats.iter().copied().max_by_key(|d| (d.size(), *d))?;
+    if widest.size() == 2 && floats.iter().any(|&d| d != widest) {
+        return None;
+    }
+    Some(widest)
+}

@@ -1,0 +1,79 @@
+//! Local arrays and per-device kernels for nx.
+//!
+//! Every device's window of a distributed value is a local [`Array`]: a [`Dtype`], a [`Layout`]
+//! (shape, strides and offset in elements) and a [`Buffer`] of device memory. Moves ([`Move`]:
+//! reshape, permute, broadcast, window, flip, squeeze, bitcast) are views that never copy. Kernels
+//! reach arrays only through [`door`], which claims every operand of a call or none and answers
+//! [`Answer::Done`], [`Answer::Declined`] or a refusal; [`refused`] turns a refusal into an
+//! [`Error`] naming the function the user called and each operand.
+//!
+//! The contracts are `reference/nx_array.txt` (arrays, layouts, moves, the door, refusals) and
+//! `reference/nbxtensor.txt` (dtype facts, conversions, promotion, policy, shape rules).
+
+pub mod dtype;
+
+pub use dtype::convert::{convert, converted};
+pub use dtype::policy::{OpClass, Policy, PolicyChange};
+pub use dtype::promote::{binary_result, float_math_input, promoted, result_type, scalar_result, Scalar};
+pub use dtype::{Dtype, Element, Kind, Value};
+
+/// The errors of local arrays and kernels. Each message names the function and the offending
+/// values.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// A dtype name nx does not know.
+    #[error("nx_kernels::Dtype::from_str: unknown dtype {name:?} (try float32, f32, bf16, torch.float16, BF16, …)")]
+    UnknownDtype {
+        /// The name given.
+        name: String,
+    },
+    /// Two lengths that must agree.
+    #[error("{func}: {what} differ in length: {left} and {right}")]
+    LengthMismatch {
+        /// The function called.
+        func: &'static str,
+        /// What the lengths are of.
+        what: String,
+        /// The first length.
+        left: usize,
+        /// The second length.
+        right: usize,
+    },
+    /// Two dtypes with no common dtype.
+    #[error("nx_kernels::binary_result: {left} and {right} have no common dtype (no signed integer holds u64)")]
+    NoPromotion {
+        /// The first dtype.
+        left: Dtype,
+        /// The second dtype.
+        right: Dtype,
+    },
+    /// No dtypes to promote.
+    #[error("{func}: no dtypes given")]
+    NoDtypes {
+        /// The function called.
+        func: &'static str,
+    },
+    /// An integer scalar outside an integer array's range.
+    #[error("nx_kernels::scalar_result: the integer {value} is outside {dtype}'s range [{lo}, {hi}]")]
+    ScalarOutOfRange {
+        /// The scalar.
+        value: i128,
+        /// The array's dtype.
+        dtype: Dtype,
+        /// The range's least value.
+        lo: i128,
+        /// The range's greatest value.
+        hi: i128,
+    },
+    /// Malformed policy text.
+    #[error("nx_kernels::Policy::from_str: cannot read {text:?}: {why}")]
+    BadPolicy {
+        /// The text given.
+        text: String,
+        /// What was wrong.
+        why: String,
+    },
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

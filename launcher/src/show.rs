@@ -1,0 +1,260 @@
+//! `nx show` and `nx plan`.
+
+use nx::placement::{Placement, Window};
+use nx::{Device, Devices, Dtype, MeshSpec, PlacementSpec};
+use serde::Serialize;
+
+/// Arguments of `nx show`.
+#[derive(clap::Args, Debug)]
+pub struct ShowArgs {
+    /// The mesh, as `dp=2,tp=3`.
+    #[arg(long)]
+    mesh: MeshSpec,
+    /// The placement, as `mesh(0:dp.tp)`.
+    #[arg(long)]
+    placement: PlacementSpec,
+    /// The value's global shape, as `7,5` (empty for a rank-0 value).
+    #[arg(long, value_parser = parse_shape, allow_hyphen_values = true)]
+    shape: Shape,
+    /// Print JSON instead of a drawing.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `nx plan`.
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// The mesh, as `dp=2,tp=4`.
+    #[arg(long)]
+    mesh: MeshSpec,
+    /// The value's global shape, as `4096,4096`.
+    #[arg(long, value_parser = parse_shape)]
+    shape: Shape,
+    /// The element dtype (`f32`, `bf16`, `float16`, …).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
+    /// The placement the value leaves.
+    #[arg(long)]
+    from: PlacementSpec,
+    /// The placement the value reaches.
+    #[arg(long)]
+    to: PlacementSpec,
+    /// Print JSON instead of words.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Shape(Vec<usize>);
+
+fn parse_shape(text: &str) -> Result<Shape, String> {
+    let t = text.trim().trim_start_matches('[').trim_end_matches(']');
+    if t.trim().is_empty() {
+        return Ok(Shape(Vec::new()));
+    }
+    t.split(',')
+        .map(|p| p.trim().parse::<usize>().map_err(|_| format!("{p:?} in shape {text:?} is not an extent")))
+        .collect::<Result<_, _>>()
+        .map(Shape)
+}
+
+type Error = Box<dyn std::error::Error>;
+
+fn over_sims<R>(mesh: &MeshSpec, body: impl for<'d> FnOnce(nx::Mesh<'d>) -> Result<R, Error>) -> Result<R, Error> {
+    Devices::with(Device::sims(mesh.size()), |set| body(mesh.over(&set)?))?
+}
+
+#[derive(Serialize)]
+struct ShowJson<'a> {
+    mesh: Vec<(&'a str, usize)>,
+    shape: &'a [usize],
+    placement: String,
+    devices: Vec<DeviceJson>,
+}
+
+#[derive(Serialize)]
+struct DeviceJson {
+    index: usize,
+    device: String,
+    coords: Vec<usize>,
+    window: Option<Vec<[usize; 2]>>,
+    term: Option<usize>,
+}
+
+/// `nx show`: the drawing (a grid for rank ≤ 2, a table beyond), or JSON.
+pub fn show(a: &ShowArgs) -> Result<String, Error> {
+    over_sims(&a.mesh, |mesh| {
+        let p = a.placement.over(&mesh)?;
+        let shape = &a.shape.0;
+        let windows = p.windows(shape)?;
+        if a.json {
+            let devices = (0..mesh.len())
+                .map(|d| -> Result<DeviceJson, Error> {
+                    Ok(DeviceJson {
+                        index: d,
+                        device: mesh.devices().as_slice()[d].to_string(),
+                        coords: mesh.coords_of(d)?,
+                        window: windows[d].as_ref().map(|w| w.iter().map(|r| [r.start, r.end]).collect()),
+                        term: p.term(d)?,
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            let j = ShowJson {
+                mesh: mesh.axes().iter().map(|(n, e)| (n.as_str(), *e)).collect(),
+                shape,
+                placement: p.to_string(),
+                devices,
+            };
+            return Ok(serde_json::to_string(&j)?);
+        }
+        Ok(draw(&p, shape, &windows))
+    })
+}
+
+fn label(p: &Placement<'_>, d: usize) -> String {
+    let name = p.devices().as_slice()[d].to_string();
+    match p.term(d).ok().flatten() {
+        Some(t) => format!("{name}·t{t}"),
+        None => name,
+    }
+}
+
+fn cuts(windows: &[Option<Window>], axis: usize, n: usize) -> Vec<(usize, usize)> {
+    let mut b: Vec<usize> = vec![0, n];
+    for w in windows.iter().flatten() {
+        b.push(w[axis].start);
+        b.push(w[axis].end);
+    }
+    b.sort_unstable();
+    b.dedup();
+    b.windows(2).map(|x| (x[0], x[1])).collect()
+}
+
+fn draw(p: &Placement<'_>, shape: &[usize], windows: &[Option<Window>]) -> String {
+    let mut out = format!("shape {shape:?} at {p:#}\n");
+    let nothing: Vec<String> = (0..windows.len()).filter(|&d| windows[d].is_none()).map(|d| label(p, d)).collect();
+    if shape.len() > 2 || shape.contains(&0) {
+        if shape.contains(&0) {
+            out.push_str("(the value has no element)\n");
+        }
+        out.push_str("device   coords      term  window\n");
+        let mesh = p.mesh_of();
+        for (d, w) in windows.iter().enumerate() {
+            let coords = mesh.coords_of(d).map(|c| format!("{c:?}")).unwrap_or_default();
+            let term = p.term(d).ok().flatten().map_or("-".to_string(), |t| t.to_string());
+            let win = w.as_ref().map_or("nothing".to_string(), |w| {
+                w.iter().map(|r| format!("{}..{}", r.start, r.end)).collect::<Vec<_>>().join(", ")
+            });
+            out.push_str(&format!(
+                "{:<8} {:<11} {:<5} [{win}]\n",
+                label(p, d).split('·').next().unwrap_or(""),
+                coords,
+                term
+            ));
+        }
+        return out.trim_end().to_string();
+    }
+    // rank 0, 1 or 2: a grid of blocks, each naming the devices that hold it
+    let rows = if shape.len() == 2 { cuts(windows, 0, shape[0]) } else { vec![(0, 1)] };
+    let cols = match shape.len() {
+        0 => vec![(0, 1)],
+        1 => cuts(windows, 0, shape[0]),
+        _ => cuts(windows, 1, shape[1]),
+    };
+    let holds = |w: &Window, r: (usize, usize), c: (usize, usize)| match shape.len() {
+        0 => true,
+        1 => w[0].start <= c.0 && c.1 <= w[0].end,
+        _ => w[0].start <= r.0 && r.1 <= w[0].end && w[1].start <= c.0 && c.1 <= w[1].end,
+    };
+    let cell: Vec<Vec<String>> = rows
+        .iter()
+        .map(|&r| {
+            cols.iter()
+                .map(|&c| {
+                    let who: Vec<String> = (0..windows.len())
+                        .filter(|&d| windows[d].as_ref().is_some_and(|w| holds(w, r, c)))
+                        .map(|d| label(p, d))
+                        .collect();
+                    who.join(",")
+                })
+                .collect()
+        })
+        .collect();
+    let col_head: Vec<String> =
+        cols.iter().map(|c| if shape.is_empty() { String::new() } else { format!("{}..{}", c.0, c.1) }).collect();
+    let width: Vec<usize> = (0..cols.len())
+        .map(|j| cell.iter().map(|row| row[j].chars().count()).chain([col_head[j].len()]).max().unwrap_or(0) + 2)
+        .collect();
+    let row_head: Vec<String> =
+        rows.iter().map(|r| if shape.len() == 2 { format!("{}..{}", r.0, r.1) } else { String::new() }).collect();
+    let lw = row_head.iter().map(String::len).max().unwrap_or(0);
+    let line = |l: char, m: char, r: char| {
+        let parts: Vec<String> = width.iter().map(|&w| "─".repeat(w)).collect();
+        format!("{:lw$} {l}{}{r}\n", "", parts.join(&m.to_string()))
+    };
+    let center = |s: &str, w: usize| {
+        let n = s.chars().count();
+        let left = (w - n) / 2;
+        format!("{}{s}{}", " ".repeat(left), " ".repeat(w - n - left))
+    };
+    let head: Vec<String> = col_head.iter().zip(&width).map(|(h, &w)| center(h, w)).collect();
+    let head = format!("{:lw$}  {}", "", head.join(" "));
+    out.push_str(head.trim_end());
+    out.push('\n');
+    out.push_str(&line('┌', '┬', '┐'));
+    for (i, row) in cell.iter().enumerate() {
+        let body: Vec<String> = row.iter().zip(&width).map(|(s, &w)| center(s, w)).collect();
+        out.push_str(&format!("{:>lw$} │{}│\n", row_head[i], body.join("│")));
+        out.push_str(&if i + 1 < cell.len() { line('├', '┼', '┤') } else { line('└', '┴', '┘') });
+    }
+    if !nothing.is_empty() {
+        out.push_str(&format!("holding nothing: {}\n", nothing.join(", ")));
+    }
+    out.trim_end().to_string()
+}
+
+#[derive(Serialize)]
+struct PlanJson {
+    from: String,
+    to: String,
+    steps: Vec<StepJson>,
+    bytes_sent: Vec<u64>,
+    bytes_received: Vec<u64>,
+}
+
+#[derive(Serialize)]
+struct StepJson {
+    op: &'static str,
+    mesh_axes: Vec<String>,
+    bytes_sent: Vec<u64>,
+    bytes_received: Vec<u64>,
+}
+
+/// `nx plan`: the plan in words, or JSON.
+pub fn plan(a: &PlanArgs) -> Result<String, Error> {
+    over_sims(&a.mesh, |mesh| {
+        let from = a.from.over(&mesh)?;
+        let to = a.to.over(&mesh)?;
+        let plan = nx::plan(&from, &to, &a.shape.0, a.dtype)?;
+        if a.json {
+            let j = PlanJson {
+                from: from.to_string(),
+                to: to.to_string(),
+                steps: plan
+                    .steps
+                    .iter()
+                    .map(|s| StepJson {
+                        op: s.op.name(),
+                        mesh_axes: s.mesh_axes.clone(),
+                        bytes_sent: s.bytes_sent.clone(),
+                        bytes_received: s.bytes_received.clone(),
+                    })
+                    .collect(),
+                bytes_sent: plan.bytes_sent(),
+                bytes_received: plan.bytes_received(),
+            };
+            return Ok(serde_json::to_string(&j)?);
+        }
+        Ok(plan.to_string())
+    })
+}

@@ -1,0 +1,100 @@
+//! `nx show` and `nx plan`, run as a user runs them.
+
+use std::process::{Command, Output};
+
+fn nx(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nx")).args(args).output().expect("nx runs")
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(o.status.success(), "nx failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn show_json_is_exactly_the_documented_form() {
+    let o = nx(&["show", "--mesh", "dp=2,tp=3", "--placement", "mesh(0:dp.tp)", "--shape", "7,5", "--json"]);
+    let text = stdout(&o);
+    assert!(text.starts_with(
+        r#"{"mesh":[["dp",2],["tp",3]],"shape":[7,5],"placement":"mesh(0:dp.tp)","devices":[{"index":0,"device":"sim:0","coords":[0,0],"window":[[0,2],[0,5]],"term":null},{"index":1,"device":"sim:1","coords":[0,1],"window":[[2,3],[0,5]],"term":null},"#
+    ), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["devices"].as_array().unwrap().len(), 6);
+    assert_eq!(v["devices"][5]["window"], serde_json::json!([[6, 7], [0, 5]]));
+
+    let o = nx(&["show", "--mesh", "x=3", "--placement", "device(1)", "--shape", "4", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["devices"][0]["window"].is_null());
+    let o = nx(&["show", "--mesh", "dp=2,tp=2", "--placement", "partial(tp; 0:dp)", "--shape", "5", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["devices"][3]["term"], 1);
+}
+
+#[test]
+fn show_draws_a_grid_and_a_table() {
+    let grid = stdout(&nx(&["show", "--mesh", "dp=2,tp=3", "--placement", "mesh(0:dp, 1:tp)", "--shape", "7,5"]));
+    assert!(grid.contains("0..4 │ sim:0 │ sim:1 │ sim:2 │"), "{grid}");
+    assert!(grid.contains("4..7 │ sim:3 │ sim:4 │ sim:5 │"), "{grid}");
+    let table = stdout(&nx(&["show", "--mesh", "a=2", "--placement", "split(1)", "--shape", "2,3,4"]));
+    assert!(table.contains("sim:1    [1]         -     [0..2, 2..3, 0..4]"), "{table}");
+}
+
+#[test]
+fn plan_json_lists_steps_and_totals() {
+    let o = nx(&[
+        "plan",
+        "--mesh",
+        "dp=2,tp=4",
+        "--shape",
+        "4096,4096",
+        "--dtype",
+        "f32",
+        "--from",
+        "mesh(0:tp)",
+        "--to",
+        "mesh(1:tp)",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["from"], "mesh(0:tp)");
+    assert_eq!(v["steps"][0]["op"], "all_to_all");
+    assert_eq!(v["steps"][0]["mesh_axes"], serde_json::json!(["tp"]));
+    let each = 4096u64 * 4096 * 4 * 3 / 16;
+    assert_eq!(v["bytes_sent"], serde_json::json!(vec![each; 8]));
+    assert_eq!(v["bytes_received"], serde_json::json!(vec![each; 8]));
+    let words = stdout(&nx(&[
+        "plan",
+        "--mesh",
+        "dp=2,tp=4",
+        "--shape",
+        "9,5",
+        "--dtype",
+        "bf16",
+        "--from",
+        "partial(tp)",
+        "--to",
+        "mesh(0:tp)",
+    ]));
+    assert!(words.contains("reduce-scatter"), "{words}");
+}
+
+#[test]
+fn bad_input_is_one_clear_line_and_a_failure() {
+    for (args, needle) in [
+        (vec!["show", "--mesh", "dp=2", "--placement", "mesh(0:pp)", "--shape", "4"], "has no axis \"pp\""),
+        (vec!["show", "--mesh", "dp=2", "--placement", "split(2)", "--shape", "4"], "rank > 2"),
+        (vec!["show", "--mesh", "dp=2", "--placement", "mesh(0:dp", "--shape", "4"], "column 10"),
+        (vec!["show", "--mesh", "dp=3", "--placement", "on", "--shape", "4,x"], "not an extent"),
+        (
+            vec!["plan", "--mesh", "dp=2", "--shape", "4", "--dtype", "f33", "--from", "on", "--to", "on"],
+            "unknown dtype",
+        ),
+        (vec!["show", "--mesh", "dp=0", "--placement", "on", "--shape", "4"], "extent 0"),
+    ] {
+        let o = nx(&args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
