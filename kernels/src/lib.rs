@@ -10,12 +10,22 @@
 //! The contracts are `reference/nx_array.txt` (arrays, layouts, moves, the door, refusals) and
 //! `reference/nbxtensor.txt` (dtype facts, conversions, promotion, policy, shape rules).
 
+mod array;
+pub mod buffer;
+pub mod door;
 pub mod dtype;
+pub mod layout;
+#[cfg(feature = "ndarray")]
+mod ndarray_conv;
 
+pub use array::{AnyArray, Array};
+pub use buffer::{Access, Buffer, Death};
+pub use door::{door, refused, Answer, Operand};
 pub use dtype::convert::{convert, converted};
 pub use dtype::policy::{OpClass, Policy, PolicyChange};
 pub use dtype::promote::{binary_result, float_math_input, promoted, result_type, scalar_result, Scalar};
 pub use dtype::{Dtype, Element, Kind, Value};
+pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 
 /// The errors of local arrays and kernels. Each message names the function and the offending
 /// values.
@@ -72,6 +82,55 @@ pub enum Error {
         text: String,
         /// What was wrong.
         why: String,
+    },
+    /// Arguments that do not fit a function (a layout, a move, an index, a shape).
+    #[error("{func}: {why}")]
+    Invalid {
+        /// The function called.
+        func: &'static str,
+        /// What does not fit, with the values.
+        why: String,
+    },
+    /// An allocation failed.
+    #[error("nx_kernels::Buffer::new: cannot allocate {bytes} bytes")]
+    OutOfMemory {
+        /// The bytes asked for.
+        bytes: usize,
+    },
+    /// A feature this build lacks.
+    #[error("{func}: {device} needs the `{feature}` feature, which this build of nx lacks")]
+    NotCompiled {
+        /// The function called.
+        func: &'static str,
+        /// The feature.
+        feature: &'static str,
+        /// The device asked for.
+        device: String,
+    },
+    /// A dead buffer where a live one is needed.
+    #[error("{func}: the buffer is dead: it was {why}")]
+    Dead {
+        /// The function called.
+        func: &'static str,
+        /// Why it died.
+        why: String,
+    },
+    /// A buffer a call holds a claim on.
+    #[error("{func}: a buffer on {device} is in use by a kernel call")]
+    Busy {
+        /// The function called.
+        func: &'static str,
+        /// Its device.
+        device: String,
+    },
+    /// A kernel's refusal, raised for the user: the message names the function the user called,
+    /// the reason, and each operand's dtype and shape.
+    #[error("{message}")]
+    Refused {
+        /// The refusal.
+        answer: Answer,
+        /// The message.
+        message: String,
     },
 }
 

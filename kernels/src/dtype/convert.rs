@@ -45,24 +45,30 @@ pub fn f32_to_f16(x: f32) -> f16 {
     }
 }
 
+/// `x` rounded to `f32` by *round to odd*: toward zero, then the last bit set if anything was
+/// lost. Rounding that to a format of p ≤ 11 significand bits is the correct rounding of `x`
+/// itself (24 ≥ 2p + 2), which is how `f64` reaches `f16` and `bf16` with one rounding.
+#[inline]
+fn f64_to_f32_odd(x: f64) -> f32 {
+    let f = x as f32;
+    if f.is_nan() || f as f64 == x {
+        return f;
+    }
+    let bits = f.to_bits();
+    let toward_zero = if (f as f64).abs() > x.abs() { bits - 1 } else { bits };
+    f32::from_bits(toward_zero | 1)
+}
+
 /// `x` rounded to `bf16` once: nearest, ties to even; every NaN to [`BF16_QNAN`].
 #[inline]
 pub fn f64_to_bf16(x: f64) -> bf16 {
-    if x.is_nan() {
-        bf16::from_bits(BF16_QNAN)
-    } else {
-        bf16::from_f64(x)
-    }
+    f32_to_bf16(f64_to_f32_odd(x))
 }
 
 /// `x` rounded to `f16` once: nearest, ties to even; every NaN to [`F16_QNAN`].
 #[inline]
 pub fn f64_to_f16(x: f64) -> f16 {
-    if x.is_nan() {
-        f16::from_bits(F16_QNAN)
-    } else {
-        f16::from_f64(x)
-    }
+    f32_to_f16(f64_to_f32_odd(x))
 }
 
 /// Slices at least this long are converted by several threads.

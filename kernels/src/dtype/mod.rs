@@ -321,6 +321,17 @@ pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + Default + 'stat
     fn to_value(self) -> Value;
     /// The element nearest `v` under nx's conversion rules ([`convert`]).
     fn from_value(v: Value) -> Self;
+    /// Reads the element at `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for reads of `size_of::<Self>()` bytes and aligned to `align_of::<Self>()`.
+    unsafe fn load(p: *const u8) -> Self;
+    /// Writes `v` at `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for writes of `size_of::<Self>()` bytes and aligned to
+    /// `align_of::<Self>()`.
+    unsafe fn store(p: *mut u8, v: Self);
 }
 
 /// One element of any dtype, held exactly: the meeting point of conversions.
@@ -350,6 +361,16 @@ macro_rules! element {
             fn from_value(v: Value) -> Self {
                 let f: fn(Value) -> $t = $from;
                 f(v)
+            }
+            #[inline]
+            unsafe fn load(p: *const u8) -> Self {
+                // SAFETY: the caller's contract; every bit pattern is a valid $t.
+                unsafe { p.cast::<$t>().read() }
+            }
+            #[inline]
+            unsafe fn store(p: *mut u8, v: Self) {
+                // SAFETY: the caller's contract.
+                unsafe { p.cast::<$t>().write(v) }
             }
         }
     };
@@ -395,7 +416,29 @@ fn real(v: Value) -> f64 {
     }
 }
 
-element!(bool, Bool, Value::Bool, truthy);
+impl sealed::Sealed for bool {}
+impl Element for bool {
+    const DTYPE: Dtype = Dtype::Bool;
+    #[inline]
+    fn to_value(self) -> Value {
+        Value::Bool(self)
+    }
+    #[inline]
+    fn from_value(v: Value) -> Self {
+        truthy(v)
+    }
+    #[inline]
+    unsafe fn load(p: *const u8) -> Self {
+        // SAFETY: the caller's contract. Read as a byte, so that any bits (a bitcast) give a valid
+        // bool: nonzero is true.
+        unsafe { p.read() != 0 }
+    }
+    #[inline]
+    unsafe fn store(p: *mut u8, v: Self) {
+        // SAFETY: the caller's contract.
+        unsafe { p.write(u8::from(v)) }
+    }
+}
 element!(f64, F64, Value::Float, real);
 element!(f32, F32, |x| Value::Float(x.into()), |v| match v {
     Value::Int(i) => i as f32,

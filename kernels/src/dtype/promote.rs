@@ -81,13 +81,17 @@ pub fn binary_result(a: Dtype, b: Dtype) -> Result<Dtype> {
     })
 }
 
-/// The dtype of an operation over arrays of all of `dtypes`: [`binary_result`] folded, which is
-/// independent of the order.
+/// The dtype of an operation over arrays of all of `dtypes`, whatever their order. Where a float
+/// or complex is among them, it decides alone (an integer or bool never widens a float): the
+/// floats are folded with [`binary_result`]. Otherwise the integers and bools are.
 ///
 /// # Errors
-/// [`Error::NoPromotion`] as [`binary_result`]; [`Error::NoDtypes`] for an empty list.
+/// [`Error::NoPromotion`] as [`binary_result`] (a signed integer with `u64`, no float present);
+/// [`Error::NoDtypes`] for an empty list.
 pub fn result_type(dtypes: &[Dtype]) -> Result<Dtype> {
-    let (&first, rest) = dtypes.split_first().ok_or(Error::NoDtypes { func: "nx_kernels::result_type" })?;
+    let floats: Vec<Dtype> = dtypes.iter().copied().filter(|d| d.is_float()).collect();
+    let pool = if floats.is_empty() { dtypes } else { &floats };
+    let (&first, rest) = pool.split_first().ok_or(Error::NoDtypes { func: "nx_kernels::result_type" })?;
     rest.iter().try_fold(first, |acc, &d| binary_result(acc, d))
 }
 

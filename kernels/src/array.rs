@@ -1,0 +1,414 @@
+//! Arrays: a dtype, a layout and a buffer, checked to stay inside the buffer.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use nx_mesh::Device;
+
+use crate::buffer::Buffer;
+use crate::door::{door, refused, Operand};
+use crate::layout::{Layout, Move};
+use crate::{Dtype, Element, Error, Result};
+
+/// An array of `T` elements over a buffer: its layout reaches only bytes of the buffer, at
+/// non-negative positions, and its first element is aligned for `T`. Only this module makes one,
+/// so every array keeps these facts. Cloning shares the buffer (a view).
+///
+/// Element access takes the buffer's claims through [`door`]: reads of a buffer held exclusive,
+/// or of a dead one, are errors, never races.
+///
+/// # Examples
+///
+/// ```
+/// use nx_kernels::{Array, Move};
+/// use nx_mesh::Device;
+///
+/// let a = Array::from_fn(Device::sim(0), &[2, 3], |i| (i[0] * 10 + i[1]) as f32).unwrap();
+/// let t = a.apply(&Move::Permute(vec![1, 0])).unwrap().unwrap();
+/// assert_eq!(t.to_vec().unwrap(), [0.0, 10.0, 1.0, 11.0, 2.0, 12.0]);
+/// assert!(t.apply(&Move::Reshape(vec![6])).unwrap().is_none(), "a transposed layout flattens only by a copy");
+/// ```
+pub struct Array<T: Element> {
+    layout: Layout,
+    buffer: Buffer,
+    elem: PhantomData<T>,
+}
+
+impl<T: Element> Clone for Array<T> {
+    fn clone(&self) -> Self {
+        Array { layout: self.layout.clone(), buffer: self.buffer.clone(), elem: PhantomData }
+    }
+}
+
+impl<T: Element> fmt::Debug for Array<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Array<{}>({:?} on {})", T::DTYPE, self.layout, self.buffer.device())
+    }
+}
+
+impl<T: Element> Operand for Array<T> {
+    fn dtype(&self) -> Dtype {
+        T::DTYPE
+    }
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+}
+
+/// An array whose dtype is chosen at run time; [`AnyArray::expect`] recovers the static type.
+#[derive(Clone, Debug)]
+pub struct AnyArray {
+    dtype: Dtype,
+    layout: Layout,
+    buffer: Buffer,
+}
+
+impl Operand for AnyArray {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+}
+
+impl AnyArray {
+    /// The array at element type `T`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming both dtypes unless the array's dtype is `T`'s.
+    pub fn expect<T: Element>(self) -> Result<Array<T>> {
+        if self.dtype != T::DTYPE {
+            return Err(Error::Invalid {
+                func: "nx_kernels::AnyArray::expect",
+                why: format!("the array is {}, not {}", self.dtype, T::DTYPE),
+            });
+        }
+        Ok(Array { layout: self.layout, buffer: self.buffer, elem: PhantomData })
+    }
+}
+
+impl AnyArray {
+    /// The dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    /// [`Array::transfer`] for arrays whose dtypes are known at run time.
+    ///
+    /// # Errors
+    /// [`Error::Refused`] with `WrongDtype` where the dtypes differ (checked first), then as
+    /// [`Array::transfer`].
+    pub fn transfer(src: &AnyArray, dst: &AnyArray) -> Result<()> {
+        if src.dtype != dst.dtype {
+            return Err(refused("nx_kernels::AnyArray::transfer", crate::Answer::WrongDtype, &[src, dst]));
+        }
+        macro_rules! typed {
+            ($($d:ident => $t:ty),*) => {
+                match src.dtype {
+                    $(Dtype::$d => Array::<$t>::transfer(&src.clone().expect()?, &dst.clone().expect()?),)*
+                }
+            };
+        }
+        use half::{bf16, f16};
+        use num_complex::{Complex32, Complex64};
+        typed!(Bool => bool, I8 => i8, I16 => i16, I32 => i32, I64 => i64, U8 => u8, U16 => u16, U32 => u32,
+            U64 => u64, F16 => f16, BF16 => bf16, F32 => f32, F64 => f64, C64 => Complex32, C128 => Complex64)
+    }
+}
+
+fn raise<T>(func: &str, r: std::result::Result<T, crate::Answer>, ops: &[&dyn Operand]) -> Result<T> {
+    r.map_err(|a| refused(func, a, ops))
+}
+
+impl<T: Element> Array<T> {
+    /// The array of `T` elements laid out by `layout` over `buffer`.
+    ///
+    /// # Errors
+    /// [`Error::Dead`] for a dead buffer; [`Error::Invalid`] where the layout reaches a negative
+    /// position or a byte past the buffer, or its first element is not aligned for `T`.
+    pub fn new(layout: Layout, buffer: Buffer) -> Result<Array<T>> {
+        const FUNC: &str = "nx_kernels::Array::new";
+        if let Some(d) = buffer.death() {
+            return Err(Error::Dead { func: FUNC, why: d.to_string() });
+        }
+        let size = T::DTYPE.size() as isize;
+        if let Some((lo, hi)) = layout.span() {
+            if lo < 0 || (hi + 1) * size > buffer.bytes() as isize {
+                return Err(Error::Invalid {
+                    func: FUNC,
+                    why: format!(
+                        "layout {:?} at strides {:?} from {} reaches elements {lo}..={hi} of {}, past a buffer of {} bytes",
+                        layout.shape(),
+                        layout.strides(),
+                        layout.offset(),
+                        T::DTYPE,
+                        buffer.bytes()
+                    ),
+                });
+            }
+            if (layout.offset() * size) as usize % T::DTYPE.align() != 0 {
+                return Err(Error::Invalid {
+                    func: FUNC,
+                    why: format!("first element at offset {} is misaligned", layout.offset()),
+                });
+            }
+        }
+        Ok(Array { layout, buffer, elem: PhantomData })
+    }
+
+    /// A fresh C-contiguous array of `shape` on `device`, every element zero (`false`, `0`, `+0.0`).
+    ///
+    /// # Errors
+    /// As [`Buffer::new`] and [`Layout::contiguous`].
+    pub fn zeros(device: Device, shape: &[usize]) -> Result<Array<T>> {
+        let layout = Layout::contiguous(shape)?;
+        let bytes = layout.numel().checked_mul(T::DTYPE.size()).ok_or_else(|| Error::Invalid {
+            func: "nx_kernels::Array::zeros",
+            why: format!("shape {shape:?} of {} overflows the address space", T::DTYPE),
+        })?;
+        Array::new(layout, Buffer::new(device, bytes)?)
+    }
+
+    /// A fresh C-contiguous array of `shape` on `device` holding `data` in C order.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless `data` has one element per index; as [`Array::zeros`].
+    pub fn from_vec(device: Device, shape: &[usize], data: Vec<T>) -> Result<Array<T>> {
+        let n = crate::layout::numel(shape);
+        if data.len() != n {
+            return Err(Error::LengthMismatch {
+                func: "nx_kernels::Array::from_vec",
+                what: format!("the elements for shape {shape:?} and the data given"),
+                left: n,
+                right: data.len(),
+            });
+        }
+        let a = Array::zeros(device, shape)?;
+        a.fill_contiguous(data.into_iter());
+        Ok(a)
+    }
+
+    /// A fresh C-contiguous array of `shape` on `device` whose element at each index `i` is
+    /// `f(i)`, called in C order.
+    ///
+    /// # Errors
+    /// As [`Array::zeros`].
+    pub fn from_fn(device: Device, shape: &[usize], mut f: impl FnMut(&[usize]) -> T) -> Result<Array<T>> {
+        let a = Array::zeros(device, shape)?;
+        let mut index = vec![0usize; shape.len()];
+        let n = a.layout.numel();
+        let values = (0..n).map(|k| {
+            if k > 0 {
+                for d in (0..index.len()).rev() {
+                    index[d] += 1;
+                    if index[d] < shape[d] {
+                        break;
+                    }
+                    index[d] = 0;
+                }
+            }
+            f(&index)
+        });
+        a.fill_contiguous(values.collect::<Vec<_>>().into_iter());
+        Ok(a)
+    }
+
+    /// Writes a fresh, unshared array's elements; no claim is needed as no one else holds it.
+    fn fill_contiguous(&self, values: impl Iterator<Item = T>) {
+        let base = self.buffer.host_ptr().expect("fresh host memory");
+        for (k, v) in values.enumerate() {
+            // SAFETY: the array is fresh and C-contiguous from offset 0, so element k lies at byte
+            // k·size, inside the buffer (checked by `new`) and aligned (64-byte base, k·size).
+            unsafe { T::store(base.as_ptr().add(k * T::DTYPE.size()), v) }
+        }
+    }
+
+    /// The element dtype.
+    pub fn dtype(&self) -> Dtype {
+        T::DTYPE
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The buffer.
+    pub fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+
+    /// The device the array lives on.
+    pub fn device(&self) -> Device {
+        self.buffer.device()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// The array with its dtype chosen at run time.
+    pub fn into_any(self) -> AnyArray {
+        AnyArray { dtype: T::DTYPE, layout: self.layout, buffer: self.buffer }
+    }
+
+    /// Reads the element at position `pos`.
+    ///
+    /// # Safety
+    /// A claim on the buffer must be held, and `pos` must be a position of the layout.
+    pub(crate) unsafe fn read_at(&self, base: *const u8, pos: isize) -> T {
+        // SAFETY: positions of a checked layout lie inside the buffer and are aligned.
+        unsafe { T::load(base.offset(pos * T::DTYPE.size() as isize)) }
+    }
+
+    /// Writes the element at position `pos`.
+    ///
+    /// # Safety
+    /// An exclusive claim on the buffer must be held, and `pos` must be a position of the layout.
+    pub(crate) unsafe fn write_at(&self, base: *mut u8, pos: isize, v: T) {
+        // SAFETY: as `read_at`, with the exclusive claim ruling out other access.
+        unsafe { T::store(base.offset(pos * T::DTYPE.size() as isize), v) }
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.buffer.host_ptr().map_or(std::ptr::null_mut(), |p| p.as_ptr())
+    }
+
+    /// The elements in C order of indices.
+    ///
+    /// # Errors
+    /// [`Error::Refused`] for a dead buffer, memory held exclusive, or memory off the host.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let r = door(&[], &[self], || {
+            let base = self.base();
+            // SAFETY: the door holds a shared claim; positions come from the checked layout.
+            self.layout.positions().map(|p| unsafe { self.read_at(base, p) }).collect()
+        });
+        raise("nx_kernels::Array::to_vec", r, &[self])
+    }
+
+    /// The element at `index`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an index that is not one of the shape; as [`Array::to_vec`].
+    pub fn get(&self, index: &[usize]) -> Result<T> {
+        let pos = self.layout.position(index)?;
+        let r = door(&[], &[self], || {
+            // SAFETY: shared claim held; `pos` is a position of the layout.
+            unsafe { self.read_at(self.base(), pos) }
+        });
+        raise("nx_kernels::Array::get", r, &[self])
+    }
+
+    /// Stores `v` at `index`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an index that is not one of the shape; [`Error::Refused`] for a
+    /// dead, held, read-only or off-host buffer, or an array reaching an element twice.
+    pub fn set(&self, index: &[usize], v: T) -> Result<()> {
+        let pos = self.layout.position(index)?;
+        let r = door(&[self], &[], || {
+            // SAFETY: exclusive claim held; `pos` is a position of the layout.
+            unsafe { self.write_at(self.base(), pos, v) }
+        });
+        raise("nx_kernels::Array::set", r, &[self])
+    }
+
+    /// Stores `src`'s elements into `dst`, of the same shape, bit for bit (NaN payloads too). Writes
+    /// `dst`'s elements and no other byte.
+    ///
+    /// # Errors
+    /// [`Error::Refused`] with `ShapeMismatch` for different shapes, and the door's refusals:
+    /// `dst` reaching an element twice, sharing a byte with `src` without being identical to it,
+    /// read-only, dead, held or off-host buffers.
+    pub fn transfer(src: &Array<T>, dst: &Array<T>) -> Result<()> {
+        let r = door(&[dst], &[src], || {
+            if src.shape() != dst.shape() {
+                return Err(crate::Answer::ShapeMismatch);
+            }
+            let (sb, db) = (src.base(), dst.base());
+            let size = T::DTYPE.size();
+            if src.layout.is_contiguous() && dst.layout.is_contiguous() && src.numel() > 0 {
+                // SAFETY: both claims held, both layouts dense over numel·size bytes from their
+                // offsets, inside their buffers; `copy` allows the identical (same bytes) case.
+                unsafe {
+                    std::ptr::copy(
+                        sb.offset(src.layout.offset() * size as isize),
+                        db.offset(dst.layout.offset() * size as isize),
+                        src.numel() * size,
+                    )
+                }
+            } else {
+                for (p, q) in src.layout.positions().zip(dst.layout.positions()) {
+                    // SAFETY: claims held; positions of checked layouts.
+                    unsafe { dst.write_at(db, q, src.read_at(sb, p)) }
+                }
+            }
+            Ok(())
+        });
+        raise("nx_kernels::Array::transfer", r.and_then(|x| x), &[src, dst])
+    }
+
+    /// A fresh C-contiguous array on this array's device holding its elements.
+    ///
+    /// # Errors
+    /// As [`Array::zeros`] and [`Array::transfer`].
+    pub fn copy(&self) -> Result<Array<T>> {
+        self.to_device(self.device())
+    }
+
+    /// A fresh C-contiguous array on `device` holding this array's elements (a C-contiguous copy,
+    /// whatever this array's strides).
+    ///
+    /// # Errors
+    /// As [`Array::zeros`] and [`Array::transfer`].
+    pub fn to_device(&self, device: Device) -> Result<Array<T>> {
+        let out = Array::zeros(device, self.shape())?;
+        Array::transfer(self, &out)?;
+        Ok(out)
+    }
+
+    /// The array over this buffer laid out by `m` applied to this layout, or `None` where that is a
+    /// reshape that cannot be a view (copy first).
+    ///
+    /// # Errors
+    /// As [`Layout::apply`].
+    pub fn apply(&self, m: &Move) -> Result<Option<Array<T>>> {
+        Ok(self.layout.apply(m)?.map(|layout| Array { layout, buffer: self.buffer.clone(), elem: PhantomData }))
+    }
+
+    /// This array's bits read as `U` elements over the same buffer (see [`Layout::bitcast`]), or
+    /// `None` where widening's conditions fail or the first element would be misaligned for `U`.
+    ///
+    /// # Errors
+    /// [`Error::Dead`] for a dead buffer; [`Error::Invalid`] for a narrowing of an array of
+    /// [`crate::MAX_RANK`] axes.
+    pub fn bitcast<U: Element>(&self) -> Result<Option<Array<U>>> {
+        if let Some(d) = self.buffer.death() {
+            return Err(Error::Dead { func: "nx_kernels::Array::bitcast", why: d.to_string() });
+        }
+        let Some(layout) = self.layout.bitcast(T::DTYPE.size(), U::DTYPE.size())? else { return Ok(None) };
+        if layout.numel() > 0 && (layout.offset() * U::DTYPE.size() as isize) as usize % U::DTYPE.align() != 0 {
+            return Ok(None);
+        }
+        Ok(Some(Array { layout, buffer: self.buffer.clone(), elem: PhantomData }))
+    }
+}

@@ -1,0 +1,325 @@
+//! Buffers: memory on a device, alive or dead, read-only or read-write, claimed at run time.
+//!
+//! A [`Buffer`] is a shared handle (cloning shares it): the arrays over it are views. Its state —
+//! alive, or dead with the reason it died — and its claims are per buffer, behind its own lock; no
+//! state is global. Claims are taken only by [`crate::door`] (and the array functions built on
+//! it): *shared* for reads, *exclusive* for writes, all of one call or none.
+//!
+//! Host memory (devices of kind `sim` and `cpu`) is allocated zeroed and aligned to 64 bytes. CUDA
+//! memory comes later through the same type; a buffer of a device this process does not address
+//! can be described with [`Buffer::unaddressed`], which host kernels refuse as off-host.
+
+use std::alloc::{self, Layout as AllocLayout};
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nx_mesh::Device;
+
+use crate::{Error, Result};
+
+/// The alignment of host memory, in bytes.
+pub const HOST_ALIGN: usize = 64;
+
+/// What a buffer's memory admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads only.
+    Read,
+    /// Reads and writes.
+    ReadWrite,
+}
+
+/// Why a buffer died.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Death {
+    /// [`Buffer::free`] released it.
+    Freed,
+    /// An op took its memory for its output ([`Buffer::donate`]); the text names the op and its
+    /// operands, as `nx::mul (f32 [3], f32 [3])`.
+    DonatedTo(String),
+}
+
+impl fmt::Display for Death {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Death::Freed => f.write_str("freed"),
+            Death::DonatedTo(op) => write!(f, "donated to {op}"),
+        }
+    }
+}
+
+/// Host memory: freed when the last buffer over it goes.
+struct Memory {
+    ptr: NonNull<u8>,
+    layout: AllocLayout,
+    len: usize,
+}
+
+// SAFETY: `Memory` owns its allocation and never hands out references; every read or write of its
+// bytes goes through a claim taken by the door on the buffer that holds it, which excludes
+// conflicting access from other threads.
+unsafe impl Send for Memory {}
+// SAFETY: as for `Send`: shared access to the pointer is mediated by claims.
+unsafe impl Sync for Memory {}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was allocated with `layout` by `alloc_zeroed` and is freed once, here.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    death: Option<Death>,
+    readers: usize,
+    writer: bool,
+}
+
+struct Inner {
+    device: Device,
+    bytes: usize,
+    access: Access,
+    memory: Option<Arc<Memory>>,
+    state: Mutex<State>,
+}
+
+/// Memory on a device. Cloning shares the buffer; see the [module documentation](self).
+#[derive(Clone)]
+pub struct Buffer {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Buffer({} bytes on {}, {:?}, {:?})",
+            self.inner.bytes,
+            self.inner.device,
+            self.inner.access,
+            self.lock()
+        )
+    }
+}
+
+impl PartialEq for Buffer {
+    /// The same buffer (not merely equal bytes).
+    fn eq(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for Buffer {}
+
+fn alloc_host(bytes: usize) -> Result<Arc<Memory>> {
+    let layout = AllocLayout::from_size_align(bytes.max(1), HOST_ALIGN).map_err(|_| Error::Invalid {
+        func: "nx_kernels::Buffer::new",
+        why: format!("{bytes} bytes cannot be allocated"),
+    })?;
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { alloc::alloc_zeroed(layout) };
+    let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
+    Ok(Arc::new(Memory { ptr, layout, len: bytes }))
+}
+
+impl Buffer {
+    /// `bytes` zeroed bytes of read-write memory on `device`.
+    ///
+    /// # Errors
+    /// [`Error::NotCompiled`] for a CUDA device (the `cuda` feature is not built yet);
+    /// [`Error::OutOfMemory`] where the allocation fails.
+    pub fn new(device: Device, bytes: usize) -> Result<Buffer> {
+        if !device.kind.is_host() {
+            return Err(Error::NotCompiled {
+                func: "nx_kernels::Buffer::new",
+                feature: "cuda",
+                device: device.to_string(),
+            });
+        }
+        Ok(Buffer::from_parts(device, bytes, Access::ReadWrite, Some(alloc_host(bytes)?)))
+    }
+
+    /// A buffer describing `bytes` bytes of memory on `device` that this process does not address
+    /// (a peer's device, say): it has a size and a state but no host pointer, and host kernels
+    /// refuse it as [`crate::Answer::OffHost`].
+    pub fn unaddressed(device: Device, bytes: usize) -> Buffer {
+        Buffer::from_parts(device, bytes, Access::ReadWrite, None)
+    }
+
+    fn from_parts(device: Device, bytes: usize, access: Access, memory: Option<Arc<Memory>>) -> Buffer {
+        Buffer {
+            inner: Arc::new(Inner {
+                device,
+                bytes,
+                access,
+                memory,
+                state: Mutex::new(State { death: None, readers: 0, writer: false }),
+            }),
+        }
+    }
+
+    /// A new buffer over the same memory that admits reads only. Both stay alive; claims on one
+    /// do not order the other (it is a second door on the same bytes, as a read-only mapping is).
+    pub fn read_only(&self) -> Buffer {
+        Buffer::from_parts(self.inner.device, self.inner.bytes, Access::Read, self.inner.memory.clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means a panic elsewhere while it was held; the state stays valid.
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device the memory is on.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// The size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.inner.bytes
+    }
+
+    /// What the memory admits.
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+
+    /// Whether this process's host addresses the memory.
+    pub fn is_host(&self) -> bool {
+        self.inner.memory.is_some()
+    }
+
+    /// Why the buffer died, or `None` while it lives.
+    pub fn death(&self) -> Option<Death> {
+        self.lock().death.clone()
+    }
+
+    /// Whether the buffer lives.
+    pub fn is_alive(&self) -> bool {
+        self.lock().death.is_none()
+    }
+
+    /// Whether some call holds the memory exclusive now.
+    pub fn is_held_exclusive(&self) -> bool {
+        self.lock().writer
+    }
+
+    /// Kills the buffer: its arrays are dead from now on, and its memory goes with the last handle.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] while a call holds a claim on it; [`Error::Dead`] if it is dead already.
+    pub fn free(&self) -> Result<()> {
+        self.kill("nx_kernels::Buffer::free", Death::Freed).map(|_| ())
+    }
+
+    /// Kills this buffer in favour of an op's output, which takes its memory: the returned buffer
+    /// is alive over the same bytes, and arrays of this one are dead, "donated to `op`".
+    ///
+    /// # Errors
+    /// As [`Buffer::free`].
+    pub fn donate(&self, op: impl Into<String>) -> Result<Buffer> {
+        self.kill("nx_kernels::Buffer::donate", Death::DonatedTo(op.into()))?;
+        Ok(Buffer::from_parts(self.inner.device, self.inner.bytes, self.inner.access, self.inner.memory.clone()))
+    }
+
+    fn kill(&self, func: &'static str, why: Death) -> Result<()> {
+        let mut s = self.lock();
+        if let Some(d) = &s.death {
+            return Err(Error::Dead { func, why: d.to_string() });
+        }
+        if s.writer || s.readers > 0 {
+            return Err(Error::Busy { func, device: self.inner.device.to_string() });
+        }
+        s.death = Some(why);
+        Ok(())
+    }
+
+    /// The host address of byte 0, or `None` for memory the host does not address.
+    pub(crate) fn host_ptr(&self) -> Option<NonNull<u8>> {
+        self.inner.memory.as_ref().map(|m| {
+            debug_assert!(m.len >= self.inner.bytes);
+            m.ptr
+        })
+    }
+
+    /// The identity of the bytes (two buffers over one memory share it), for overlap checks.
+    pub(crate) fn memory_id(&self) -> usize {
+        match &self.inner.memory {
+            Some(m) => Arc::as_ptr(m) as usize,
+            None => Arc::as_ptr(&self.inner) as usize,
+        }
+    }
+
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+}
+
+/// How a call claims one buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    Shared,
+    Exclusive,
+}
+
+/// Why a set of claims was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClaimRefusal {
+    Dead(usize),
+    HeldExclusive(usize),
+    ReadOnly(usize),
+}
+
+/// Claims on several buffers, released on drop.
+pub(crate) struct Claims {
+    held: Vec<(Buffer, Claim)>,
+}
+
+impl Claims {
+    /// Claims every `(buffer, claim)` (distinct buffers) or none. Refusals name the position in
+    /// `wanted` of the first buffer at fault, dead before held before read-only.
+    pub(crate) fn take(wanted: &[(Buffer, Claim)]) -> std::result::Result<Claims, ClaimRefusal> {
+        // Lock in address order so that two calls never wait on each other's locks.
+        let mut order: Vec<usize> = (0..wanted.len()).collect();
+        order.sort_by_key(|&i| wanted[i].0.id());
+        let mut guards: Vec<(usize, MutexGuard<'_, State>)> = order.iter().map(|&i| (i, wanted[i].0.lock())).collect();
+        guards.sort_by_key(|g| g.0);
+        if let Some((i, _)) = guards.iter().find(|(_, s)| s.death.is_some()) {
+            return Err(ClaimRefusal::Dead(*i));
+        }
+        let held = |(i, s): &(usize, MutexGuard<'_, State>)| match wanted[*i].1 {
+            Claim::Shared => s.writer,
+            Claim::Exclusive => s.writer || s.readers > 0,
+        };
+        if let Some((i, _)) = guards.iter().find(|g| held(g)) {
+            return Err(ClaimRefusal::HeldExclusive(*i));
+        }
+        if let Some((i, _)) =
+            guards.iter().find(|(i, _)| wanted[*i].1 == Claim::Exclusive && wanted[*i].0.access() == Access::Read)
+        {
+            return Err(ClaimRefusal::ReadOnly(*i));
+        }
+        for (i, s) in guards.iter_mut() {
+            match wanted[*i].1 {
+                Claim::Shared => s.readers += 1,
+                Claim::Exclusive => s.writer = true,
+            }
+        }
+        drop(guards);
+        Ok(Claims { held: wanted.to_vec() })
+    }
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        for (b, c) in &self.held {
+            let mut s = b.lock();
+            match c {
+                Claim::Shared => s.readers -= 1,
+                Claim::Exclusive => s.writer = false,
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The door: every kernel reaches its operands through it. It claims every operand of a call or
+//! none, checks what the reference lists, runs the kernel under the claims and releases them.
+
+use std::fmt;
+
+use crate::buffer::{Buffer, Claim, ClaimRefusal, Claims};
+use crate::layout::Layout;
+use crate::{Dtype, Error};
+
+/// What a kernel answers: done, declined, or a refusal naming what is wrong with an operand.
+///
+/// Refusals are listed in their order of precedence: a kernel checks dtypes before it opens the
+/// door (`WrongDtype`); the door answers, in this order, `DeadBuffer`, `HeldExclusive` and
+/// `ReadOnly` (claiming an operand answers them, so a dead operand is `DeadBuffer` whatever else is
+/// wrong with it), then `OffHost`, `RepeatedElements` and `Overlapping`; the kernel checks shapes
+/// under the claims, before any write (`ShapeMismatch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// The work is done.
+    Done,
+    /// The kernel does not compute this case.
+    Declined,
+    /// An operand's dtype is not the one the kernel loads.
+    WrongDtype,
+    /// An operand's buffer is dead.
+    DeadBuffer,
+    /// The host does not address an operand's memory.
+    OffHost,
+    /// An operand's memory is held exclusive.
+    HeldExclusive,
+    /// A written operand's memory admits reads only.
+    ReadOnly,
+    /// A written operand reaches an element twice.
+    RepeatedElements,
+    /// A written operand shares a byte with another written operand, or with a read operand not
+    /// identical to it.
+    Overlapping,
+    /// The operands do not fit the operation: their number or their shapes.
+    ShapeMismatch,
+}
+
+impl Answer {
+    /// What the refusal says, in words.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Answer::Done => "done (refuses nothing)",
+            Answer::Declined => "declined (refuses nothing)",
+            Answer::WrongDtype => "an operand's dtype is not the one the kernel loads",
+            Answer::DeadBuffer => "an operand's buffer is dead",
+            Answer::OffHost => "the host does not address an operand's memory",
+            Answer::HeldExclusive => "an operand's memory is held exclusive",
+            Answer::ReadOnly => "a written operand's memory is read-only",
+            Answer::RepeatedElements => "a written operand reaches an element twice",
+            Answer::Overlapping => "a written operand shares bytes with another operand it is not identical to",
+            Answer::ShapeMismatch => "the operands' shapes do not fit the operation",
+        }
+    }
+}
+
+impl fmt::Display for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+/// An array of any dtype, as a kernel's operand.
+pub trait Operand {
+    /// The element dtype.
+    fn dtype(&self) -> Dtype;
+    /// The layout, in elements of the dtype.
+    fn layout(&self) -> &Layout;
+    /// The buffer.
+    fn buffer(&self) -> &Buffer;
+}
+
+/// `dtype shape`, as refusals print an operand: `f32 [3, 4]`.
+pub fn describe(o: &dyn Operand) -> String {
+    format!("{} {:?}", o.dtype(), o.layout().shape())
+}
+
+/// Claims the memory of `written` for writing and of `read` for reading — every claim or none —
+/// checks them, runs `f` and releases the claims when `f` returns or panics. Answers `f`'s result,
+/// or a refusal without running `f` or holding a claim: `DeadBuffer`, `HeldExclusive`, `ReadOnly`,
+/// then `OffHost` (this is the host's door), `RepeatedElements` and `Overlapping`.
+///
+/// The door never waits: a claim that conflicts with another call's is refused as
+/// `HeldExclusive`. It is safe to call from several threads at once.
+///
+/// # Errors
+/// The refusal, as an [`Answer`]; raise it for the user with [`refused`].
+pub fn door<R>(written: &[&dyn Operand], read: &[&dyn Operand], f: impl FnOnce() -> R) -> Result<R, Answer> {
+    let all: Vec<(&dyn Operand, bool)> =
+        written.iter().map(|&o| (o, true)).chain(read.iter().map(|&o| (o, false))).collect();
+    // One claim per buffer: exclusive where any operand over it is written.
+    let mut wanted: Vec<(Buffer, Claim)> = Vec::with_capacity(all.len());
+    for (o, w) in &all {
+        let c = if *w { Claim::Exclusive } else { Claim::Shared };
+        match wanted.iter_mut().find(|(b, _)| b == o.buffer()) {
+            Some(slot) => {
+                if c == Claim::Exclusive {
+                    slot.1 = Claim::Exclusive;
+                }
+            }
+            None => wanted.push((o.buffer().clone(), c)),
+        }
+    }
+    let claims = Claims::take(&wanted).map_err(|r| match r {
+        ClaimRefusal::Dead(_) => Answer::DeadBuffer,
+        ClaimRefusal::HeldExclusive(_) => Answer::HeldExclusive,
+        ClaimRefusal::ReadOnly(_) => Answer::ReadOnly,
+    })?;
+    let refusal = if all.iter().any(|(o, _)| !o.buffer().is_host() && o.layout().numel() > 0) {
+        Some(Answer::OffHost)
+    } else if written.iter().any(|o| !o.layout().is_distinct()) {
+        Some(Answer::RepeatedElements)
+    } else if overlapping(&all) {
+        Some(Answer::Overlapping)
+    } else {
+        None
+    };
+    if let Some(r) = refusal {
+        drop(claims);
+        return Err(r);
+    }
+    let out = f();
+    drop(claims);
+    Ok(out)
+}
+
+fn overlapping(all: &[(&dyn Operand, bool)]) -> bool {
+    for (i, (w, is_w)) in all.iter().enumerate() {
+        if !is_w {
+            continue;
+        }
+        for (j, (o, o_w)) in all.iter().enumerate() {
+            if i == j || (*o_w && j < i) {
+                continue;
+            }
+            if w.buffer().memory_id() != o.buffer().memory_id() {
+                continue;
+            }
+            let (wl, ol) = (w.layout(), o.layout());
+            let (ws, os) = (w.dtype().size(), o.dtype().size());
+            if !o_w && identical(wl, ws, ol, os) {
+                continue;
+            }
+            if shares_byte(wl, ws, ol, os) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Whether two layouts of elements `sa` and `sb` bytes wide place every index at the same bits.
+pub fn identical(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
+    if sa != sb || a.shape() != b.shape() {
+        return false;
+    }
+    if a.numel() == 0 {
+        return true;
+    }
+    a.offset() == b.offset()
+        && a.shape().iter().zip(a.strides().iter().zip(b.strides())).all(|(&n, (x, y))| n == 1 || x == y)
+}
+
+/// Whether an element of `a` (elements `sa` bytes wide) and one of `b` share a byte. Exact for any
+/// strides; O(1) for disjoint spans and for dense layouts, O(n log n) otherwise.
+pub fn shares_byte(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
+    let (Some((alo, ahi)), Some((blo, bhi))) = (a.span(), b.span()) else { return false };
+    let (sa_i, sb_i) = (sa as isize, sb as isize);
+    let (a0, a1) = (alo * sa_i, (ahi + 1) * sa_i);
+    let (b0, b1) = (blo * sb_i, (bhi + 1) * sb_i);
+    let (lo, hi) = (a0.max(b0), a1.min(b1));
+    if lo >= hi {
+        return false;
+    }
+    let dense =
+        |l: &Layout, s: isize, span: (isize, isize)| l.is_distinct() && (span.1 - span.0) == l.numel() as isize * s;
+    if dense(a, sa_i, (a0, a1)) && dense(b, sb_i, (b0, b1)) {
+        return true;
+    }
+    // Starts of a's elements within the common span, sorted; then each of b's elements looks for
+    // one whose bytes meet its own.
+    let mut starts: Vec<isize> = a.positions().map(|p| p * sa_i).filter(|&s| s + sa_i > lo && s < hi).collect();
+    starts.sort_unstable();
+    b.positions().map(|p| p * sb_i).filter(|&q| q + sb_i > lo && q < hi).any(|q| {
+        let k = starts.partition_point(|&s| s + sa_i <= q);
+        k < starts.len() && starts[k] < q + sb_i
+    })
+}
+
+/// The error that raises `answer` for the user: it names `func` (the function the user called),
+/// the reason, and each operand's dtype and shape; for a dead buffer, each dead operand and why
+/// it died (`nx::add: f32 [3] was donated to nx::mul (f32 [3], …)`).
+pub fn refused(func: &str, answer: Answer, operands: &[&dyn Operand]) -> Error {
+    let message = match answer {
+        Answer::DeadBuffer => {
+            let dead: Vec<String> = operands
+                .iter()
+                .filter_map(|o| o.buffer().death().map(|d| format!("{} was {d}", describe(*o))))
+                .collect();
+            if dead.is_empty() {
+                format!("{func}: {}", answer.reason())
+            } else {
+                format!("{func}: {}", dead.join("; "))
+            }
+        }
+        _ => {
+            let ops: Vec<String> = operands.iter().map(|o| describe(*o)).collect();
+            format!("{func}: {} ({})", answer.reason(), ops.join(", "))
+        }
+    };
+    Error::Refused { answer, message }
+}

@@ -1,0 +1,487 @@
+//! Layouts and moves: where elements lie in a buffer, and views that change that without moving
+//! an element.
+//!
+//! A [`Layout`] maps an index to an element position: `offset + Σ index[i]·strides[i]`, in
+//! elements of the array's dtype. Strides may be 0 (a broadcast axis) or negative (a flipped one).
+//! A [`Move`] makes a new layout over the same positions; [`Layout::apply`] answers `None` where
+//! a move cannot be a view (a reshape ATen's rule refuses: copy first).
+
+use crate::{Error, Result};
+
+pub use nx_mesh::MAX_RANK;
+
+/// Shape, strides and offset, in elements.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    offset: isize,
+}
+
+/// A movement: a change of layout that moves no element.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Move {
+    /// The same elements in C order under another shape of as many elements (a view where ATen's
+    /// `computeStride` rule allows).
+    Reshape(Vec<usize>),
+    /// Axes reordered: axis `i` of the result is axis `perm[i]` of the input.
+    Permute(Vec<usize>),
+    /// Broadcast to a shape, numpy's rules: leading axes added, extent-1 axes repeated at stride 0.
+    Expand(Vec<usize>),
+    /// A window of one axis, Python's slice: negative bounds count from the end, bounds are
+    /// clamped, `step` is not 0 and may be negative.
+    Slice {
+        /// The axis.
+        axis: usize,
+        /// First index (`None`: the start for a positive step, the end for a negative one).
+        start: Option<isize>,
+        /// Index past the last (`None`: to the end in the step's direction).
+        stop: Option<isize>,
+        /// The step.
+        step: isize,
+    },
+    /// One axis reversed.
+    Flip(usize),
+    /// An axis of extent 1 removed.
+    Squeeze(usize),
+    /// An axis of extent 1 inserted at this position.
+    Unsqueeze(usize),
+}
+
+/// The C-contiguous strides of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for (s, &n) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc *= n.max(1) as isize;
+    }
+    strides
+}
+
+/// The number of elements of `shape` (1 for rank 0).
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// The shape numpy's broadcasting gives `a` and `b`.
+///
+/// # Errors
+/// [`Error::Invalid`] naming both shapes where an axis differs and neither extent is 1.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for (i, o) in out.iter_mut().enumerate() {
+        let x = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+        let y = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        *o = match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(Error::Invalid {
+                    func: "nx_kernels::broadcast_shapes",
+                    why: format!("shapes {a:?} and {b:?} do not broadcast: axis {i} has extents {x} and {y}"),
+                })
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// Python's slice bounds of `len` elements clamped: `(start, stop)` for a positive step. For
+/// example `slice_bounds(50, 80, 60) == (50, 60)`.
+pub fn slice_bounds(start: isize, stop: isize, len: usize) -> (usize, usize) {
+    let clamp = |i: isize| -> usize {
+        let i = if i < 0 { i + len as isize } else { i };
+        i.clamp(0, len as isize) as usize
+    };
+    let (s, e) = (clamp(start), clamp(stop));
+    (s, e.max(s))
+}
+
+/// ATen's `computeStride`: the strides that lay `new_shape` over the elements of `shape` at
+/// `strides` in C order without a copy, or `None` where no strides do.
+pub fn view_strides(shape: &[usize], strides: &[isize], new_shape: &[usize]) -> Option<Vec<isize>> {
+    if numel(shape) != numel(new_shape) {
+        return None;
+    }
+    if numel(shape) == 0 || shape.is_empty() {
+        return Some(if shape == new_shape { strides.to_vec() } else { contiguous_strides(new_shape) });
+    }
+    let mut new_strides = vec![0isize; new_shape.len()];
+    let mut view_d = new_shape.len() as isize - 1;
+    let mut chunk_base = *strides.last().expect("rank > 0");
+    let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
+    for tensor_d in (0..shape.len()).rev() {
+        tensor_numel *= shape[tensor_d];
+        let boundary =
+            tensor_d == 0 || (shape[tensor_d - 1] != 1 && strides[tensor_d - 1] != tensor_numel as isize * chunk_base);
+        if boundary {
+            while view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d as usize] == 1) {
+                new_strides[view_d as usize] = view_numel as isize * chunk_base;
+                view_numel *= new_shape[view_d as usize];
+                view_d -= 1;
+            }
+            if view_numel != tensor_numel {
+                return None;
+            }
+            if tensor_d > 0 {
+                chunk_base = strides[tensor_d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    (view_d == -1).then_some(new_strides)
+}
+
+fn invalid(func: &'static str, why: String) -> Error {
+    Error::Invalid { func, why }
+}
+
+impl Layout {
+    /// The C-contiguous layout of `shape` at offset 0.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for more than [`MAX_RANK`] axes.
+    pub fn contiguous(shape: &[usize]) -> Result<Layout> {
+        Layout::new(shape.to_vec(), contiguous_strides(shape), 0)
+    }
+
+    /// The layout of `shape` at `strides` from `offset`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for more than [`MAX_RANK`] axes, or shape and strides of different
+    /// lengths.
+    pub fn new(shape: Vec<usize>, strides: Vec<isize>, offset: isize) -> Result<Layout> {
+        const FUNC: &str = "nx_kernels::Layout::new";
+        if shape.len() > MAX_RANK {
+            return Err(invalid(FUNC, format!("shape {shape:?} has more than {MAX_RANK} axes")));
+        }
+        if shape.len() != strides.len() {
+            return Err(invalid(FUNC, format!("shape {shape:?} and strides {strides:?} differ in length")));
+        }
+        Ok(Layout { shape, strides, offset })
+    }
+
+    /// The extents.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
+    /// The position of index 0, in elements.
+    pub fn offset(&self) -> isize {
+        self.offset
+    }
+
+    /// The number of axes.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The number of indices.
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// The least and greatest element positions the layout reaches, or `None` for no element.
+    pub fn span(&self) -> Option<(isize, isize)> {
+        if self.numel() == 0 {
+            return None;
+        }
+        let (mut lo, mut hi) = (self.offset, self.offset);
+        for (&n, &s) in self.shape.iter().zip(&self.strides) {
+            let reach = (n as isize - 1) * s;
+            if reach < 0 {
+                lo += reach;
+            } else {
+                hi += reach;
+            }
+        }
+        Some((lo, hi))
+    }
+
+    /// Whether the layout is C-contiguous: strides are the contiguous ones, an extent-1 axis's
+    /// stride being free. (Any layout of no element is contiguous.)
+    pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
+        let mut expect = 1isize;
+        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if n != 1 {
+                if s != expect {
+                    return false;
+                }
+                expect *= n as isize;
+            }
+        }
+        true
+    }
+
+    /// The position of `index`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] unless `index` has one entry per axis, each below its extent.
+    pub fn position(&self, index: &[usize]) -> Result<isize> {
+        if index.len() != self.rank() || index.iter().zip(&self.shape).any(|(i, n)| i >= n) {
+            return Err(invalid(
+                "nx_kernels::Layout::position",
+                format!("index {index:?} is not an index of shape {:?}", self.shape),
+            ));
+        }
+        Ok(self.offset + index.iter().zip(&self.strides).map(|(&i, &s)| i as isize * s).sum::<isize>())
+    }
+
+    /// Every element position, in C order of indices.
+    pub fn positions(&self) -> Positions<'_> {
+        Positions { layout: self, index: vec![0; self.rank()], next: self.offset, left: self.numel() }
+    }
+
+    /// Whether no two indices reach one position ("distinct"): a written array must be. Exact:
+    /// a sufficient stride test first, then a sort of the positions.
+    pub fn is_distinct(&self) -> bool {
+        let mut axes: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(&n, _)| n > 1)
+            .map(|(&n, &s)| (n, s.unsigned_abs()))
+            .collect();
+        if axes.is_empty() || self.numel() == 0 {
+            return true;
+        }
+        axes.sort_by_key(|a| a.1);
+        let mut reach = 0usize;
+        let mut clean = true;
+        for &(n, s) in &axes {
+            if s <= reach {
+                clean = false;
+                break;
+            }
+            reach += s * (n - 1);
+        }
+        if clean {
+            return true;
+        }
+        let mut all: Vec<isize> = self.positions().collect();
+        all.sort_unstable();
+        all.windows(2).all(|w| w[0] != w[1])
+    }
+
+    /// The layout `m` makes, or `None` where `m` is a reshape that cannot be a view.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for arguments that do not fit the layout (an axis past the rank, a
+    /// permutation that is not one, a shape of another element count, a squeeze of an extent other
+    /// than 1, a step of 0, a broadcast that does not fit, a result past [`MAX_RANK`]).
+    pub fn apply(&self, m: &Move) -> Result<Option<Layout>> {
+        const FUNC: &str = "nx_kernels::Layout::apply";
+        let axis_ok = |axis: usize, what: &str| -> Result<()> {
+            if axis >= self.rank() {
+                return Err(invalid(FUNC, format!("{what} axis {axis} of a layout of shape {:?}", self.shape)));
+            }
+            Ok(())
+        };
+        let mut out = self.clone();
+        match m {
+            Move::Reshape(shape) => {
+                if numel(shape) != self.numel() {
+                    return Err(invalid(
+                        FUNC,
+                        format!("cannot reshape {:?} ({} elements) to {shape:?}", self.shape, self.numel()),
+                    ));
+                }
+                let Some(strides) = view_strides(&self.shape, &self.strides, shape) else { return Ok(None) };
+                return Layout::new(shape.clone(), strides, self.offset).map(Some);
+            }
+            Move::Permute(perm) => {
+                let mut seen = vec![false; self.rank()];
+                if perm.len() != self.rank()
+                    || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true))
+                {
+                    return Err(invalid(FUNC, format!("{perm:?} is not a permutation of {} axes", self.rank())));
+                }
+                out.shape = perm.iter().map(|&p| self.shape[p]).collect();
+                out.strides = perm.iter().map(|&p| self.strides[p]).collect();
+            }
+            Move::Expand(shape) => {
+                let fits = shape.len() >= self.rank()
+                    && shape.len() <= MAX_RANK
+                    && self.shape.iter().zip(&shape[shape.len() - self.rank()..]).all(|(&a, &b)| a == b || a == 1);
+                if !fits {
+                    return Err(invalid(FUNC, format!("cannot broadcast shape {:?} to {shape:?}", self.shape)));
+                }
+                let lead = shape.len() - self.rank();
+                out.shape = shape.clone();
+                out.strides = (0..shape.len())
+                    .map(|i| if i < lead || self.shape[i - lead] != shape[i] { 0 } else { self.strides[i - lead] })
+                    .collect();
+            }
+            Move::Slice { axis, start, stop, step } => {
+                axis_ok(*axis, "slice of")?;
+                if *step == 0 {
+                    return Err(invalid(FUNC, format!("slice of axis {axis} with step 0")));
+                }
+                let n = self.shape[*axis] as isize;
+                let norm = |i: isize| if i < 0 { i + n } else { i };
+                let (first, count) = if *step > 0 {
+                    let s = start.map_or(0, |s| norm(s).clamp(0, n));
+                    let e = stop.map_or(n, |e| norm(e).clamp(0, n));
+                    (s, if e > s { (e - s + step - 1) / step } else { 0 })
+                } else {
+                    let s = start.map_or(n - 1, |s| norm(s).clamp(-1, n - 1));
+                    let e = stop.map_or(-1, |e| norm(e).clamp(-1, n - 1));
+                    (s, if s > e { (s - e + (-step) - 1) / (-step) } else { 0 })
+                };
+                if count > 0 {
+                    out.offset += first * self.strides[*axis];
+                }
+                out.shape[*axis] = count as usize;
+                out.strides[*axis] = self.strides[*axis] * step;
+            }
+            Move::Flip(axis) => {
+                axis_ok(*axis, "flip of")?;
+                let n = self.shape[*axis];
+                if n > 0 {
+                    out.offset += (n as isize - 1) * self.strides[*axis];
+                }
+                out.strides[*axis] = -self.strides[*axis];
+            }
+            Move::Squeeze(axis) => {
+                axis_ok(*axis, "squeeze of")?;
+                if self.shape[*axis] != 1 {
+                    return Err(invalid(
+                        FUNC,
+                        format!("squeeze of axis {axis} of shape {:?}: its extent is not 1", self.shape),
+                    ));
+                }
+                out.shape.remove(*axis);
+                out.strides.remove(*axis);
+            }
+            Move::Unsqueeze(axis) => {
+                if *axis > self.rank() || self.rank() == MAX_RANK {
+                    return Err(invalid(FUNC, format!("unsqueeze at {axis} of a layout of shape {:?}", self.shape)));
+                }
+                let s = self.strides.get(*axis).map_or(1, |&s| s * self.shape[*axis].max(1) as isize);
+                out.shape.insert(*axis, 1);
+                out.strides.insert(*axis, s);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The layout of the same bits read as elements `to_size` bytes wide instead of `from_size`
+    /// (the reference's bitcast): equal widths keep it; a narrower dtype appends an axis of extent
+    /// r = from/to at stride 1 and multiplies the rest by r; a wider one needs a trailing axis of
+    /// extent r = to/from at stride 1 and an offset and strides that are multiples of r, and
+    /// removes it. `None` where widening's conditions fail.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a narrowing of a layout of [`MAX_RANK`] axes.
+    pub fn bitcast(&self, from_size: usize, to_size: usize) -> Result<Option<Layout>> {
+        use std::cmp::Ordering;
+        match from_size.cmp(&to_size) {
+            Ordering::Equal => Ok(Some(self.clone())),
+            Ordering::Greater => {
+                let r = (from_size / to_size) as isize;
+                if self.rank() == MAX_RANK {
+                    return Err(invalid(
+                        "nx_kernels::Array::bitcast",
+                        format!("narrowing a layout of {MAX_RANK} axes ({:?}) needs one more axis", self.shape),
+                    ));
+                }
+                let mut shape = self.shape.clone();
+                let mut strides: Vec<isize> = self.strides.iter().map(|s| s * r).collect();
+                shape.push(r as usize);
+                strides.push(1);
+                Ok(Some(Layout { shape, strides, offset: self.offset * r }))
+            }
+            Ordering::Less => {
+                let r = to_size / from_size;
+                let (Some(&last), Some(&last_stride)) = (self.shape.last(), self.strides.last()) else {
+                    return Ok(None);
+                };
+                if last != r || (last_stride != 1 && r > 1) {
+                    return Ok(None);
+                }
+                let ri = r as isize;
+                let rest = &self.strides[..self.rank() - 1];
+                let empty = self.numel() == 0;
+                if !empty && (self.offset % ri != 0 || rest.iter().any(|s| s % ri != 0)) {
+                    return Ok(None);
+                }
+                let strides = rest.iter().map(|s| s / ri).collect();
+                Ok(Some(Layout {
+                    shape: self.shape[..self.rank() - 1].to_vec(),
+                    strides,
+                    offset: self.offset.div_euclid(ri),
+                }))
+            }
+        }
+    }
+}
+
+/// The element positions of a layout in C order of indices ([`Layout::positions`]).
+#[derive(Debug, Clone)]
+pub struct Positions<'l> {
+    layout: &'l Layout,
+    index: Vec<usize>,
+    next: isize,
+    left: usize,
+}
+
+impl Iterator for Positions<'_> {
+    type Item = isize;
+
+    fn next(&mut self) -> Option<isize> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let out = self.next;
+        for d in (0..self.index.len()).rev() {
+            self.index[d] += 1;
+            self.next += self.layout.strides[d];
+            if self.index[d] < self.layout.shape[d] {
+                break;
+            }
+            self.next -= self.layout.strides[d] * self.index[d] as isize;
+            self.index[d] = 0;
+        }
+        Some(out)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Positions<'_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_references_shape_examples() {
+        assert_eq!(numel(&[2, 3, 4]), 24);
+        assert_eq!(contiguous_strides(&[2, 3, 4]), [12, 4, 1]);
+        assert_eq!(view_strides(&[2, 3, 4], &[12, 4, 1], &[6, 4]), Some(vec![4, 1]));
+        assert_eq!(view_strides(&[4, 3], &[1, 4], &[12]), None);
+        assert!(Layout::new(vec![1, 32, 64, 1], vec![2048, 64, 1, 64], 0).unwrap().is_contiguous());
+        assert_eq!(broadcast_shapes(&[5, 3, 1], &[4]).unwrap(), [5, 3, 4]);
+        let l = Layout::new(vec![3, 1], vec![1, 1], 0).unwrap();
+        let e = l.apply(&Move::Expand(vec![2, 3, 4])).unwrap().unwrap();
+        assert_eq!((e.shape(), e.strides()), (&[2, 3, 4][..], &[0, 1, 0][..]));
+        assert_eq!(slice_bounds(50, 80, 60), (50, 60));
+        let e = broadcast_shapes(&[2, 3], &[4]).unwrap_err();
+        assert!(e.to_string().contains("[2, 3] and [4]"), "{e}");
+    }
+}
