@@ -63,8 +63,8 @@ impl fmt::Display for Answer {
     }
 }
 
-/// An array of any dtype, as a kernel's operand.
-pub trait Operand {
+/// An array of any dtype, as a kernel's operand. `Sync`: a kernel's tasks on several threads read it.
+pub trait Operand: Sync {
     /// The element dtype.
     fn dtype(&self) -> Dtype;
     /// The layout, in elements of the dtype.

@@ -14,9 +14,12 @@ mod array;
 pub mod buffer;
 pub mod door;
 pub mod dtype;
+pub mod host;
+pub mod kernels;
 pub mod layout;
 #[cfg(feature = "ndarray")]
 mod ndarray_conv;
+pub mod prog;
 
 pub use array::{AnyArray, Array};
 pub use buffer::{Access, Buffer, Death};
@@ -25,7 +28,10 @@ pub use dtype::convert::{convert, converted};
 pub use dtype::policy::{OpClass, Policy, PolicyChange};
 pub use dtype::promote::{binary_result, float_math_input, promoted, result_type, scalar_result, Scalar};
 pub use dtype::{Dtype, Element, Kind, Value};
+pub use host::Host;
+pub use kernels::{Contraction, Extreme, Kernels, Reduction};
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
+pub use prog::{map_refusal, reduce_refusal, Prog};
 
 /// The errors of local arrays and kernels. Each message names the function and the offending
 /// values.

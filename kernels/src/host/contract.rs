@@ -1,0 +1,263 @@
+//! The contraction kernel: operands permuted to (batch, free, contracting) views, `gemm` on fixed
+//! output tiles.
+
+use half::{bf16, f16};
+use num_complex::{Complex32, Complex64};
+use rayon::prelude::*;
+
+use super::eval::Ptr;
+use super::through_door;
+use crate::door::{identical, Operand};
+use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
+use crate::kernels::Contraction;
+use crate::layout::{numel, Layout, Move};
+use crate::{Answer, Dtype, Element};
+
+/// Output tile edge: fixed, so the tiling (hence every bit) does not depend on the thread count.
+const TILE: usize = 512;
+
+/// An operand as a [B, rows, cols] view: base address and strides in elements.
+#[derive(Clone, Copy)]
+struct View {
+    base: Ptr,
+    offset: isize,
+    strides: [isize; 3],
+}
+
+/// The operand's layout permuted by `perm` and merged to `[b, r, c]`, if that is a view.
+fn as_view(layout: &Layout, perm: &[usize], dims: [usize; 3]) -> Option<(isize, [isize; 3])> {
+    let p = layout.apply(&Move::Permute(perm.to_vec())).ok()??;
+    let v = p.apply(&Move::Reshape(dims.to_vec())).ok()??;
+    Some((v.offset(), [v.strides()[0], v.strides()[1], v.strides()[2]]))
+}
+
+/// The elements of `o` (of Rust type `S`) in C order of its layout permuted by `perm`, as `T`.
+///
+/// # Safety
+/// A claim on `o`'s buffer is held and `S` is its element type.
+unsafe fn pack<S: Element, T>(o: &dyn Operand, perm: &[usize], conv: impl Fn(S) -> T) -> Vec<T> {
+    let l = o.layout().apply(&Move::Permute(perm.to_vec())).ok().flatten().expect("a permutation of its axes");
+    let base = Ptr::of(o);
+    // SAFETY: the caller's contract; positions of a checked layout.
+    l.positions().map(|p| conv(unsafe { S::load(base.at(S::DTYPE, p)) })).collect()
+}
+
+struct Dims {
+    b: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+/// `dst[b] += lhs[b] · rhs[b]` for every batch, over fixed tiles of `dst` (C-contiguous
+/// [B, M, N] at `dst`).
+///
+/// # Safety
+/// The door's claims are held; the views address the operands' elements.
+unsafe fn tiled<T: 'static + Copy + Send + Sync>(d: &Dims, dst: Ptr, lhs: View, rhs: View, one: T) {
+    let (ti, tj) = (d.m.div_ceil(TILE), d.n.div_ceil(TILE));
+    let size = size_of::<T>() as isize;
+    (0..d.b * ti * tj).into_par_iter().for_each(|t| {
+        let (dst, lhs, rhs) = (dst, lhs, rhs);
+        let (bb, i, j) = (t / (ti * tj), (t / tj) % ti, t % tj);
+        let (i0, j0) = (i * TILE, j * TILE);
+        let (mt, nt) = (TILE.min(d.m - i0), TILE.min(d.n - j0));
+        let at = |v: View, x: isize, y: isize| {
+            v.base
+                .0
+                .wrapping_offset((v.offset + bb as isize * v.strides[0] + x * v.strides[1] + y * v.strides[2]) * size)
+        };
+        let out = dst.0.wrapping_offset(((bb * d.m * d.n + i0 * d.n + j0) as isize) * size);
+        // SAFETY: the caller's contract; this task writes its own tile of dst alone.
+        unsafe {
+            gemm::gemm(
+                mt,
+                nt,
+                d.k,
+                out.cast::<T>(),
+                1,
+                d.n as isize,
+                true,
+                at(lhs, i0 as isize, 0).cast::<T>(),
+                lhs.strides[2],
+                lhs.strides[1],
+                at(rhs, 0, j0 as isize).cast::<T>(),
+                rhs.strides[2],
+                rhs.strides[1],
+                one,
+                one,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
+    });
+}
+
+pub(crate) fn contract(
+    spec: &Contraction,
+    dst: &dyn Operand,
+    a: &dyn Operand,
+    b: &dyn Operand,
+    init: Option<&dyn Operand>,
+) -> Answer {
+    let d = dst.dtype();
+    if a.dtype() != d || b.dtype() != d || init.is_some_and(|i| i.dtype() != d) {
+        return Answer::WrongDtype;
+    }
+    if !matches!(d, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64 | Dtype::C64 | Dtype::C128) {
+        return Answer::Declined;
+    }
+    let Ok(out_shape) = spec.shape(a.layout().shape(), b.layout().shape()) else { return Answer::ShapeMismatch };
+    let mut reads: Vec<&dyn Operand> = vec![a, b];
+    reads.extend(init);
+    through_door(&[dst], &reads, || {
+        if dst.layout().shape() != out_shape || init.is_some_and(|i| i.layout().shape() != out_shape) {
+            return Answer::ShapeMismatch;
+        }
+        if !dst.layout().is_contiguous() {
+            return Answer::Declined;
+        }
+        let (sa, sb) = (a.layout().shape(), b.layout().shape());
+        let batch_a: Vec<usize> = spec.batch.iter().map(|p| p.0).collect();
+        let batch_b: Vec<usize> = spec.batch.iter().map(|p| p.1).collect();
+        let con_a: Vec<usize> = spec.contracting.iter().map(|p| p.0).collect();
+        let con_b: Vec<usize> = spec.contracting.iter().map(|p| p.1).collect();
+        let free_a: Vec<usize> = (0..sa.len()).filter(|x| !batch_a.contains(x) && !con_a.contains(x)).collect();
+        let free_b: Vec<usize> = (0..sb.len()).filter(|x| !batch_b.contains(x) && !con_b.contains(x)).collect();
+        let ext = |s: &[usize], ax: &[usize]| numel(&ax.iter().map(|&x| s[x]).collect::<Vec<_>>());
+        let dims = Dims { b: ext(sa, &batch_a), m: ext(sa, &free_a), n: ext(sb, &free_b), k: ext(sa, &con_a) };
+        let perm_a: Vec<usize> = batch_a.iter().chain(&free_a).chain(&con_a).copied().collect();
+        let perm_b: Vec<usize> = batch_b.iter().chain(&con_b).chain(&free_b).copied().collect();
+        // SAFETY: the door holds every claim for this closure's whole run.
+        unsafe {
+            match d {
+                Dtype::F32 => native::<f32>(&dims, dst, a, b, init, &perm_a, &perm_b, 1.0),
+                Dtype::F64 => native::<f64>(&dims, dst, a, b, init, &perm_a, &perm_b, 1.0),
+                Dtype::C64 => native::<Complex32>(&dims, dst, a, b, init, &perm_a, &perm_b, Complex32::new(1.0, 0.0)),
+                Dtype::C128 => native::<Complex64>(&dims, dst, a, b, init, &perm_a, &perm_b, Complex64::new(1.0, 0.0)),
+                Dtype::F16 => widened::<f16>(&dims, dst, a, b, init, &perm_a, &perm_b, f16::to_f32, f32_to_f16),
+                Dtype::BF16 => widened::<bf16>(&dims, dst, a, b, init, &perm_a, &perm_b, bf16::to_f32, f32_to_bf16),
+                _ => unreachable!("declined above"),
+            }
+        }
+        Answer::Done
+    })
+}
+
+/// Writes `init` (or +0) into the C-contiguous destination.
+///
+/// # Safety
+/// Claims held; `T` is the destination's element type.
+unsafe fn start<T: Element>(dst: &dyn Operand, init: Option<&dyn Operand>) {
+    let out = Ptr::of(dst);
+    let off = dst.layout().offset();
+    match init {
+        Some(i)
+            if identical(i.layout(), i.dtype().size(), dst.layout(), dst.dtype().size())
+                && i.buffer().memory_id() == dst.buffer().memory_id() => {}
+        Some(i) => {
+            let src = Ptr::of(i);
+            for (k, p) in i.layout().positions().enumerate() {
+                // SAFETY: the caller's contract.
+                unsafe { T::store(out.at(T::DTYPE, off + k as isize), T::load(src.at(T::DTYPE, p))) }
+            }
+        }
+        None => {
+            for k in 0..dst.layout().numel() {
+                // SAFETY: the caller's contract.
+                unsafe { T::store(out.at(T::DTYPE, off + k as isize), T::default()) }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn native<T: Element>(
+    dims: &Dims,
+    dst: &dyn Operand,
+    a: &dyn Operand,
+    b: &dyn Operand,
+    init: Option<&dyn Operand>,
+    perm_a: &[usize],
+    perm_b: &[usize],
+    one: T,
+) {
+    // SAFETY: the caller's contract throughout.
+    unsafe {
+        start::<T>(dst, init);
+        if dims.k == 0 || dims.m == 0 || dims.n == 0 || dims.b == 0 {
+            return;
+        }
+        let mut keep: Vec<Vec<T>> = Vec::new();
+        let mut view = |o: &dyn Operand, perm: &[usize], shape: [usize; 3]| -> View {
+            match as_view(o.layout(), perm, shape) {
+                Some((offset, strides)) => View { base: Ptr::of(o), offset, strides },
+                None => {
+                    let packed = pack::<T, T>(o, perm, |x| x);
+                    let v = View {
+                        base: Ptr(packed.as_ptr() as *mut u8),
+                        offset: 0,
+                        strides: [(shape[1] * shape[2]) as isize, shape[2] as isize, 1],
+                    };
+                    keep.push(packed);
+                    v
+                }
+            }
+        };
+        let lhs = view(a, perm_a, [dims.b, dims.m, dims.k]);
+        let rhs = view(b, perm_b, [dims.b, dims.k, dims.n]);
+        let out = Ptr(Ptr::of(dst).at(T::DTYPE, dst.layout().offset()));
+        tiled::<T>(dims, out, lhs, rhs, one);
+        drop(keep);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn widened<H: Element>(
+    dims: &Dims,
+    dst: &dyn Operand,
+    a: &dyn Operand,
+    b: &dyn Operand,
+    init: Option<&dyn Operand>,
+    perm_a: &[usize],
+    perm_b: &[usize],
+    up: fn(H) -> f32,
+    down: fn(f32) -> H,
+) {
+    // SAFETY: the caller's contract throughout.
+    unsafe {
+        if dims.k == 0 {
+            // No products: each output is init's element, bit for bit (a NaN keeps its payload).
+            start::<H>(dst, init);
+            return;
+        }
+        let mut acc: Vec<f32> = match init {
+            Some(i) => pack::<H, f32>(i, &(0..i.layout().rank()).collect::<Vec<_>>(), up),
+            None => vec![0.0; dims.b * dims.m * dims.n],
+        };
+        if dims.m > 0 && dims.n > 0 && dims.b > 0 {
+            let la = pack::<H, f32>(a, perm_a, up);
+            let lb = pack::<H, f32>(b, perm_b, up);
+            let lhs = View {
+                base: Ptr(la.as_ptr() as *mut u8),
+                offset: 0,
+                strides: [(dims.m * dims.k) as isize, dims.k as isize, 1],
+            };
+            let rhs = View {
+                base: Ptr(lb.as_ptr() as *mut u8),
+                offset: 0,
+                strides: [(dims.k * dims.n) as isize, dims.n as isize, 1],
+            };
+            tiled::<f32>(dims, Ptr(acc.as_mut_ptr().cast()), lhs, rhs, 1.0);
+        }
+        let out = Ptr::of(dst);
+        let off = dst.layout().offset();
+        for (k, &x) in acc.iter().enumerate() {
+            // An output with no product is init as the accumulator holds it: -0 and NaN bits of a
+            // half survive the exact round trip through f32.
+            H::store(out.at(H::DTYPE, off + k as isize), down(x));
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Evaluating a program over blocks of a loop's flat indices.
+
+use crate::door::Operand;
+use crate::host::reg::{self, Reg};
+use crate::layout::{numel, Layout, Move};
+use crate::prog::{Node, Prog, Ty};
+use crate::{Answer, Dtype};
+
+/// A host address held under the door's claims, shared by the tasks of one kernel call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ptr(pub(crate) *mut u8);
+
+// SAFETY: a `Ptr` is made only inside a door's closure, which holds the claims on its memory for
+// the whole call; tasks of the call read shared operands and write disjoint ranges of the
+// destinations, so sending the address to the pool's threads races with nothing.
+unsafe impl Send for Ptr {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Ptr {}
+
+impl Ptr {
+    pub(crate) fn of(o: &dyn Operand) -> Ptr {
+        Ptr(o.buffer().host_ptr().map_or(std::ptr::null_mut(), |p| p.as_ptr()))
+    }
+
+    /// The address of element position `pos` of an array of dtype `d`.
+    pub(crate) fn at(self, d: Dtype, pos: isize) -> *mut u8 {
+        self.0.wrapping_offset(pos * d.size() as isize)
+    }
+}
+
+/// One load: its dtype, memory and layout over the loop's (possibly permuted) shape.
+pub(crate) struct Source {
+    dtype: Dtype,
+    base: Ptr,
+    layout: Layout,
+    contiguous: bool,
+}
+
+/// A program bound to its operands over a loop.
+pub(crate) struct Bound<'p> {
+    prog: &'p Prog,
+    shape: Vec<usize>,
+    /// For each program axis, the loop axis that holds it.
+    axis_of: Vec<usize>,
+    sources: Vec<Source>,
+    live: Vec<bool>,
+}
+
+/// The loop positions of flat indices `start..start + len` of a layout over `shape`.
+struct Walk<'l> {
+    strides: &'l [isize],
+    shape: &'l [usize],
+    index: Vec<usize>,
+    pos: isize,
+    left: usize,
+}
+
+impl<'l> Walk<'l> {
+    fn new(layout: &'l Layout, start: usize, len: usize) -> Walk<'l> {
+        let shape = layout.shape();
+        let mut index = vec![0; shape.len()];
+        let mut rest = start;
+        for d in (0..shape.len()).rev() {
+            index[d] = rest % shape[d].max(1);
+            rest /= shape[d].max(1);
+        }
+        let pos = layout.offset() + index.iter().zip(layout.strides()).map(|(&i, &s)| i as isize * s).sum::<isize>();
+        Walk { strides: layout.strides(), shape, index, pos, left: len }
+    }
+}
+
+impl Iterator for Walk<'_> {
+    type Item = isize;
+    fn next(&mut self) -> Option<isize> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let out = self.pos;
+        for d in (0..self.index.len()).rev() {
+            self.index[d] += 1;
+            self.pos += self.strides[d];
+            if self.index[d] < self.shape[d] {
+                break;
+            }
+            self.pos -= self.strides[d] * self.index[d] as isize;
+            self.index[d] = 0;
+        }
+        Some(out)
+    }
+}
+
+impl<'p> Bound<'p> {
+    /// Binds `prog` to `loads` over a loop of `shape`, its axes visited in the order `perm`
+    /// (loop axis `i` is program axis `perm[i]`). Answers `ShapeMismatch` for a load that does not
+    /// broadcast to `shape`.
+    pub(crate) fn new(
+        prog: &'p Prog,
+        shape: &[usize],
+        perm: &[usize],
+        loads: &[&dyn Operand],
+    ) -> Result<Bound<'p>, Answer> {
+        let loop_shape: Vec<usize> = perm.iter().map(|&a| shape[a]).collect();
+        let mut axis_of = vec![0; perm.len()];
+        for (i, &a) in perm.iter().enumerate() {
+            axis_of[a] = i;
+        }
+        let mut sources = Vec::with_capacity(loads.len());
+        for l in loads {
+            let wide = l.layout().apply(&Move::Expand(shape.to_vec())).map_err(|_| Answer::ShapeMismatch)?;
+            let wide = wide.ok_or(Answer::ShapeMismatch)?;
+            let layout = wide
+                .apply(&Move::Permute(perm.to_vec()))
+                .map_err(|_| Answer::ShapeMismatch)?
+                .ok_or(Answer::ShapeMismatch)?;
+            let contiguous = layout.is_contiguous() && layout.is_distinct();
+            sources.push(Source { dtype: l.dtype(), base: Ptr::of(*l), layout, contiguous });
+        }
+        let mut live = vec![false; prog.nodes.len()];
+        let mut stack: Vec<usize> = prog.outputs.iter().map(|v| v.0).collect();
+        while let Some(i) = stack.pop() {
+            if std::mem::replace(&mut live[i], true) {
+                continue;
+            }
+            match &prog.nodes[i].0 {
+                Node::Unary(_, x) | Node::Cast(_, x) => stack.push(x.0),
+                Node::Binary(_, x, y) | Node::Compare(_, x, y) => stack.extend([x.0, y.0]),
+                Node::Select(c, x, y) => stack.extend([c.0, x.0, y.0]),
+                _ => {}
+            }
+        }
+        Ok(Bound { prog, shape: loop_shape, axis_of, sources, live })
+    }
+
+    /// The loop's number of indices.
+    pub(crate) fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// A fresh register per node.
+    pub(crate) fn registers(&self, cap: usize) -> Vec<Reg> {
+        self.prog.nodes.iter().map(|(_, t)| Reg::new(*t, cap)).collect()
+    }
+
+    /// The register of output `i`.
+    pub(crate) fn output<'r>(&self, regs: &'r [Reg], i: usize) -> &'r Reg {
+        &regs[self.prog.outputs[i].0]
+    }
+
+    /// The compute type of output `i`.
+    pub(crate) fn output_ty(&self, i: usize) -> Ty {
+        self.prog.ty(self.prog.outputs[i])
+    }
+
+    /// Evaluates every live node at flat loop indices `start..start + len`.
+    ///
+    /// # Safety
+    /// The door's claims on every load must be held.
+    pub(crate) unsafe fn eval(&self, start: usize, len: usize, regs: &mut [Reg]) {
+        for i in 0..regs.len() {
+            if !self.live[i] {
+                continue;
+            }
+            let (done, rest) = regs.split_at_mut(i);
+            let out = &mut rest[0];
+            match &self.prog.nodes[i].0 {
+                Node::Load(j) => {
+                    let s = &self.sources[*j];
+                    if s.contiguous {
+                        let p = s.base.at(s.dtype, s.layout.offset() + start as isize);
+                        // SAFETY: claims held; a contiguous layout over the loop holds these runs.
+                        unsafe { reg::load_run(s.dtype, p, len, out) }
+                    } else {
+                        // SAFETY: claims held; positions of the checked, broadcast layout.
+                        unsafe { reg::load(s.dtype, s.base.0, &mut Walk::new(&s.layout, start, len), out) }
+                    }
+                }
+                Node::Const(c) => {
+                    out.clear();
+                    out.fill(*c, len);
+                }
+                Node::Weak(s) => {
+                    out.clear();
+                    out.fill(crate::prog::scalar_value(*s), len);
+                }
+                Node::Coord(a) => {
+                    let axis = self.axis_of[*a];
+                    let inner: usize = self.shape[axis + 1..].iter().product();
+                    let n = self.shape[axis].max(1);
+                    let Reg::I(v) = out else { unreachable!("coord is i64") };
+                    v.clear();
+                    v.extend((start..start + len).map(|f| ((f / inner.max(1)) % n) as i64));
+                }
+                Node::Unary(op, x) => reg::unary(*op, &done[x.0], out),
+                Node::Binary(op, x, y) => reg::binary(*op, &done[x.0], &done[y.0], out),
+                Node::Compare(op, x, y) => reg::compare(*op, &done[x.0], &done[y.0], out),
+                Node::Select(c, x, y) => reg::select(&done[c.0], &done[x.0], &done[y.0], out),
+                Node::Cast(d, x) => reg::cast(&done[x.0], *d, out),
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The map kernel.
+
+use rayon::prelude::*;
+
+use super::eval::{Bound, Ptr};
+use super::{reg, through_door};
+use crate::door::Operand;
+use crate::prog::{map_refusal, Prog};
+use crate::Answer;
+
+const TASK: usize = 1 << 16;
+const BLOCK: usize = 1024;
+
+pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[&dyn Operand]) -> Answer {
+    let dt: Vec<_> = dsts.iter().map(|d| d.dtype()).collect();
+    let lt: Vec<_> = loads.iter().map(|l| l.dtype()).collect();
+    if let Some((answer, _)) = map_refusal(prog, shape.len(), &dt, &lt) {
+        return answer;
+    }
+    through_door(dsts, loads, || {
+        if dsts.iter().any(|d| d.layout().shape() != shape) {
+            return Answer::ShapeMismatch;
+        }
+        if dsts.iter().any(|d| !d.layout().is_contiguous()) {
+            return Answer::Declined;
+        }
+        let perm: Vec<usize> = (0..shape.len()).collect();
+        let bound = match Bound::new(prog, shape, &perm, loads) {
+            Ok(b) => b,
+            Err(a) => return a,
+        };
+        let outs: Vec<(Ptr, isize, crate::Dtype)> =
+            dsts.iter().map(|d| (Ptr::of(*d), d.layout().offset(), d.dtype())).collect();
+        let n = bound.numel();
+        (0..n.div_ceil(TASK)).into_par_iter().for_each(|t| {
+            let mut regs = bound.registers(BLOCK);
+            let end = ((t + 1) * TASK).min(n);
+            let mut start = t * TASK;
+            while start < end {
+                let len = BLOCK.min(end - start);
+                // SAFETY: the door holds every claim for the whole call; this task writes the
+                // destinations' elements start..start+len alone.
+                unsafe {
+                    bound.eval(start, len, &mut regs);
+                    for (i, &(p, off, d)) in outs.iter().enumerate() {
+                        reg::store(bound.output(&regs, i), d, p.at(d, off + start as isize));
+                    }
+                }
+                start += len;
+            }
+        });
+        Answer::Done
+    })
+}

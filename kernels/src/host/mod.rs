@@ -1,0 +1,136 @@
+//! The host kernel library: nx's kernels on host memory (devices of kind `sim` and `cpu`), with
+//! rayon.
+//!
+//! # What it computes and declines
+//!
+//! - **map**: every program ([`crate::prog::Prog`]) over operands of any dtype and layout
+//!   (strided, broadcast, offset) into C-contiguous destinations. Declines destinations that are not
+//!   C-contiguous.
+//! - **reduce**: `Sum` and `Prod` of every dtype but booleans, `Max`, `Min` and `Arg` of every real
+//!   dtype and booleans, `Logsumexp` and `Moments` of real floats. Declines `Max`, `Min` and `Arg`
+//!   of complex terms (the contract leaves their order open; this library gives none yet).
+//! - **contract**: `f32`, `f64`, `c64`, `c128` natively, `f16` and `bf16` widened exactly to `f32`
+//!   and accumulated there, each output rounded once into its dtype. Declines integers and
+//!   booleans. Operands and `init` must share the destination's dtype (else `WrongDtype`).
+//! - Scans, gathers, sorts and transforms: declined (not built yet).
+//!
+//! # Algorithms
+//!
+//! - **Loops** run in tasks of 2¹⁶ flat indices over the rayon pool, each evaluating the program
+//!   over blocks of 1024 indices held in typed registers (one per node), so a chain of maps reads
+//!   and writes memory once. Contiguous `f32`/`f64` runs load by `memcpy`.
+//! - **Reductions** number each output's terms in C order of the reduced axes and cut them into
+//!   chunks of 256. A `Sum` chunk adds term `i` into lane `i mod 8` (each lane from +0), then adds
+//!   the lanes as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`; a `Prod` chunk multiplies left to right
+//!   from its first term; chunks combine by a pairwise tree (the first ⌈p/2⌉ rounded up to a power
+//!   of two, then the rest). `Logsumexp` keeps per chunk the maximum m and Σ exp(x − m) in `f64`
+//!   and combines by rescaling; `Moments` keeps per chunk the count, the mean and the sum of squared
+//!   deviations (two passes over the chunk, in `f64`) and combines by Chan's formula, so the
+//!   variance is a sum of non-negative terms: never negative. Nothing depends on the thread count:
+//!   the same bits with 1, 2 or 64 threads.
+//! - **Contractions** permute each operand to (batch, free, contracting) as a view, or copy it
+//!   when no view exists, and call `gemm` single-threaded on fixed 512 × 512 output tiles, the tiles
+//!   spread over the pool: the tiling, hence every bit, is independent of the thread count.
+//!
+//! # Error bounds
+//!
+//! u is the unit roundoff of the carrier (`f32`: 2⁻²⁴, `f64`: 2⁻⁵³; halves sum in `f32`) and
+//! γ(k) = k·u/(1 − k·u).
+//!
+//! - A `Sum` of n terms is within γ(⌈c/8⌉ + 2 + ⌈log₂ p⌉)·Σ|x| of the exact sum, c = min(n, 256)
+//!   terms a chunk and p chunks: far inside the contract's γ(n − 1)·Σ|x|. A `Prod` is within a
+//!   relative γ(n − 1).
+//! - `Logsumexp` is within about (n + 3)·u₆₄ + u of the exact value, u₆₄ = 2⁻⁵³ and u the rounding
+//!   into the destination; `Moments`' mean and variance within a relative few·n·u₆₄ of their values
+//!   in the carrier's terms (plus the final rounding).
+//! - A contraction output with K products is within γ(K + 1)·(|init| + Σ|a||b|) for real dtypes
+//!   (each product fused into one addition, then `init`) and within γ(2K + 2) for complex ones.
+//!
+//! # Threads
+//!
+//! The library is safe to call from several threads at once: each call claims its arrays through
+//! the door, which refuses (never waits for) a conflicting claim.
+
+mod contract;
+pub(crate) mod eval;
+mod map;
+mod reduce;
+pub(crate) mod reg;
+
+use std::sync::Arc;
+
+use crate::door::Operand;
+use crate::kernels::{Contraction, Kernels, Reduction};
+use crate::prog::Prog;
+use crate::{Answer, Error, Result};
+
+/// The host kernel library. See the [module documentation](self).
+#[derive(Clone, Debug, Default)]
+pub struct Host {
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl Host {
+    /// The library on the caller's rayon pool (the one installed where it is called, else
+    /// rayon's global pool).
+    pub fn new() -> Host {
+        Host { pool: None }
+    }
+
+    /// The library on a pool of its own of `threads` threads.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] where the pool cannot be built.
+    pub fn with_threads(threads: usize) -> Result<Host> {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| Error::Invalid {
+            func: "nx_kernels::Host::with_threads",
+            why: format!("cannot start {threads} threads: {e}"),
+        })?;
+        Ok(Host { pool: Some(Arc::new(pool)) })
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+}
+
+impl Kernels for Host {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn map(&self, prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[&dyn Operand]) -> Answer {
+        self.run(|| map::map(prog, shape, dsts, loads))
+    }
+
+    fn reduce(
+        &self,
+        prog: &Prog,
+        shape: &[usize],
+        axes: &[usize],
+        reductions: &[Reduction],
+        dsts: &[&dyn Operand],
+        loads: &[&dyn Operand],
+    ) -> Answer {
+        self.run(|| reduce::reduce(prog, shape, axes, reductions, dsts, loads))
+    }
+
+    fn contract(
+        &self,
+        spec: &Contraction,
+        dst: &dyn Operand,
+        a: &dyn Operand,
+        b: &dyn Operand,
+        init: Option<&dyn Operand>,
+    ) -> Answer {
+        self.run(|| contract::contract(spec, dst, a, b, init))
+    }
+}
+
+/// Runs a door closure whose own answer is an [`Answer`], flattening the door's refusal into it.
+pub(crate) fn through_door(written: &[&dyn Operand], read: &[&dyn Operand], f: impl FnOnce() -> Answer) -> Answer {
+    crate::door(written, read, f).unwrap_or_else(|refusal| refusal)
+}

@@ -1,0 +1,574 @@
+//! The reduction kernel: fixed chunks, fixed lanes, a fixed tree (see the library's docs).
+
+use num_complex::{Complex32, Complex64};
+use rayon::prelude::*;
+
+use super::eval::{Bound, Ptr};
+use super::reg::{dispatch_dtype, float_max, float_min, Reg};
+use super::through_door;
+use crate::door::Operand;
+use crate::kernels::{Extreme, Reduction};
+use crate::layout::numel;
+use crate::prog::{reduce_refusal, Prog, Ty};
+use crate::{Answer, Dtype, Element, Value};
+
+/// Terms a chunk holds.
+pub(crate) const CHUNK: usize = 256;
+
+/// What reductions need of a term type.
+trait Term: Copy + Send + Sync + 'static {
+    const ZERO: Self;
+    const ONE: Self;
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn max(self, o: Self) -> Self;
+    fn min(self, o: Self) -> Self;
+    fn lowest() -> Self;
+    fn highest() -> Self;
+    fn is_nan(self) -> bool;
+    /// Whether `self` beats `o` for `e` (strictly: greater, or +0 over −0 for Max).
+    fn beats(self, o: Self, e: Extreme) -> bool;
+    fn to_f64(self) -> f64;
+    fn value(self) -> Value;
+}
+
+macro_rules! float_term {
+    ($t:ty) => {
+        impl Term for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn max(self, o: Self) -> Self {
+                float_max(self, o)
+            }
+            fn min(self, o: Self) -> Self {
+                float_min(self, o)
+            }
+            fn lowest() -> Self {
+                <$t>::NEG_INFINITY
+            }
+            fn highest() -> Self {
+                <$t>::INFINITY
+            }
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn beats(self, o: Self, e: Extreme) -> bool {
+                match e {
+                    Extreme::Max => self > o || (self == o && o.is_sign_negative() && !self.is_sign_negative()),
+                    Extreme::Min => self < o || (self == o && !o.is_sign_negative() && self.is_sign_negative()),
+                }
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn value(self) -> Value {
+                self.to_value()
+            }
+        }
+    };
+}
+float_term!(f32);
+float_term!(f64);
+
+macro_rules! int_term {
+    ($t:ty) => {
+        impl Term for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            fn max(self, o: Self) -> Self {
+                std::cmp::max(self, o)
+            }
+            fn min(self, o: Self) -> Self {
+                std::cmp::min(self, o)
+            }
+            fn lowest() -> Self {
+                <$t>::MIN
+            }
+            fn highest() -> Self {
+                <$t>::MAX
+            }
+            fn is_nan(self) -> bool {
+                false
+            }
+            fn beats(self, o: Self, e: Extreme) -> bool {
+                match e {
+                    Extreme::Max => self > o,
+                    Extreme::Min => self < o,
+                }
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn value(self) -> Value {
+                self.to_value()
+            }
+        }
+    };
+}
+int_term!(i64);
+int_term!(u64);
+
+impl Term for bool {
+    const ZERO: Self = false;
+    const ONE: Self = true;
+    fn add(self, o: Self) -> Self {
+        self | o
+    }
+    fn mul(self, o: Self) -> Self {
+        self & o
+    }
+    fn max(self, o: Self) -> Self {
+        self | o
+    }
+    fn min(self, o: Self) -> Self {
+        self & o
+    }
+    fn lowest() -> Self {
+        false
+    }
+    fn highest() -> Self {
+        true
+    }
+    fn is_nan(self) -> bool {
+        false
+    }
+    fn beats(self, o: Self, e: Extreme) -> bool {
+        match e {
+            Extreme::Max => self & !o,
+            Extreme::Min => !self & o,
+        }
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(u8::from(self))
+    }
+    fn value(self) -> Value {
+        Value::Bool(self)
+    }
+}
+
+macro_rules! complex_term {
+    ($t:ty, $z:expr, $one:expr) => {
+        impl Term for $t {
+            const ZERO: Self = $z;
+            const ONE: Self = $one;
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn max(self, _: Self) -> Self {
+                unreachable!("complex extremes are declined")
+            }
+            fn min(self, _: Self) -> Self {
+                unreachable!("complex extremes are declined")
+            }
+            fn lowest() -> Self {
+                unreachable!("complex extremes are declined")
+            }
+            fn highest() -> Self {
+                unreachable!("complex extremes are declined")
+            }
+            fn is_nan(self) -> bool {
+                self.re.is_nan() || self.im.is_nan()
+            }
+            fn beats(self, _: Self, _: Extreme) -> bool {
+                unreachable!("complex extremes are declined")
+            }
+            fn to_f64(self) -> f64 {
+                unreachable!("complex terms have no Logsumexp or Moments")
+            }
+            fn value(self) -> Value {
+                self.to_value()
+            }
+        }
+    };
+}
+complex_term!(Complex32, Complex32::new(0.0, 0.0), Complex32::new(1.0, 0.0));
+complex_term!(Complex64, Complex64::new(0.0, 0.0), Complex64::new(1.0, 0.0));
+
+/// A chunk's (or several chunks') partial result.
+#[derive(Clone, Copy, Debug)]
+enum Partial<T> {
+    Sum(T),
+    Prod(T),
+    Ext(T),
+    Arg(T, i64),
+    Lse { m: f64, s: f64, nan: bool },
+    Mom { n: f64, mean: f64, m2: f64, pinf: bool, ninf: bool, nan: bool },
+}
+
+fn sum_chunk<T: Term>(xs: &[T]) -> T {
+    let mut l = [T::ZERO; 8];
+    let mut it = xs.chunks_exact(8);
+    for c in &mut it {
+        for k in 0..8 {
+            l[k] = l[k].add(c[k]);
+        }
+    }
+    for (k, &x) in it.remainder().iter().enumerate() {
+        l[k] = l[k].add(x);
+    }
+    (l[0].add(l[1]).add(l[2].add(l[3]))).add(l[4].add(l[5]).add(l[6].add(l[7])))
+}
+
+fn chunk<T: Term>(r: Reduction, xs: &[T], base: i64) -> Partial<T> {
+    match r {
+        Reduction::Sum => Partial::Sum(sum_chunk(xs)),
+        Reduction::Prod => Partial::Prod(xs[1..].iter().fold(xs[0], |a, &x| a.mul(x))),
+        Reduction::Max => Partial::Ext(xs[1..].iter().fold(xs[0], |a, &x| a.max(x))),
+        Reduction::Min => Partial::Ext(xs[1..].iter().fold(xs[0], |a, &x| a.min(x))),
+        Reduction::Arg(e) => {
+            let (mut best, mut at) = (xs[0], 0usize);
+            for (i, &x) in xs.iter().enumerate().skip(1) {
+                if best.is_nan() {
+                    break;
+                }
+                if x.is_nan() || x.beats(best, e) {
+                    best = x;
+                    at = i;
+                }
+            }
+            Partial::Arg(best, base + at as i64)
+        }
+        Reduction::Logsumexp => {
+            let nan = xs.iter().any(|x| x.is_nan());
+            let m = xs.iter().map(|x| x.to_f64()).fold(f64::NEG_INFINITY, f64::max);
+            let s = if m.is_finite() { xs.iter().map(|x| (x.to_f64() - m).exp()).sum() } else { 0.0 };
+            Partial::Lse { m, s, nan }
+        }
+        Reduction::Moments => {
+            let (mut n, mut total, mut pinf, mut ninf, mut nan) = (0.0, 0.0, false, false, false);
+            for x in xs.iter().map(|x| x.to_f64()) {
+                if x.is_nan() {
+                    nan = true;
+                } else if x == f64::INFINITY {
+                    pinf = true;
+                } else if x == f64::NEG_INFINITY {
+                    ninf = true;
+                } else {
+                    n += 1.0;
+                    total += x;
+                }
+            }
+            let mean = if n > 0.0 { total / n } else { 0.0 };
+            let m2 = xs.iter().map(|x| x.to_f64()).filter(|x| x.is_finite()).map(|x| (x - mean) * (x - mean)).sum();
+            Partial::Mom { n, mean, m2, pinf, ninf, nan }
+        }
+    }
+}
+
+/// Combines the partials of two runs of terms, `a` the earlier.
+fn combine<T: Term>(r: Reduction, a: Partial<T>, b: Partial<T>) -> Partial<T> {
+    match (a, b) {
+        (Partial::Sum(x), Partial::Sum(y)) => Partial::Sum(x.add(y)),
+        (Partial::Prod(x), Partial::Prod(y)) => Partial::Prod(x.mul(y)),
+        (Partial::Ext(x), Partial::Ext(y)) => Partial::Ext(if r == Reduction::Max { x.max(y) } else { x.min(y) }),
+        (Partial::Arg(x, i), Partial::Arg(y, j)) => {
+            let Reduction::Arg(e) = r else { unreachable!("Arg partials") };
+            // the earlier keeps ties; the first NaN wins
+            if x.is_nan() || (!y.is_nan() && !y.beats(x, e)) {
+                Partial::Arg(x, i)
+            } else {
+                Partial::Arg(y, j)
+            }
+        }
+        (Partial::Lse { m: ma, s: sa, nan: na }, Partial::Lse { m: mb, s: sb, nan: nb }) => {
+            let m = ma.max(mb);
+            let s = if m.is_finite() { sa * (ma - m).exp() + sb * (mb - m).exp() } else { 0.0 };
+            Partial::Lse { m, s, nan: na || nb }
+        }
+        (
+            Partial::Mom { n: na, mean: ma, m2: qa, pinf: pa, ninf: xa, nan: za },
+            Partial::Mom { n: nb, mean: mb, m2: qb, pinf: pb, ninf: xb, nan: zb },
+        ) => {
+            let n = na + nb;
+            let (mean, m2) = if n == 0.0 {
+                (0.0, 0.0)
+            } else {
+                let d = mb - ma;
+                (ma + d * (nb / n), qa + qb + d * d * (na * nb / n))
+            };
+            Partial::Mom { n, mean, m2, pinf: pa || pb, ninf: xa || xb, nan: za || zb }
+        }
+        _ => unreachable!("one reduction's partials"),
+    }
+}
+
+/// Combines partials in the fixed pairwise tree: the first half rounded up to a power of two, then
+/// the rest.
+fn tree<T: Term>(r: Reduction, mut ps: Vec<Partial<T>>) -> Option<Partial<T>> {
+    match ps.len() {
+        0 => None,
+        1 => ps.pop(),
+        n => {
+            let h = n.next_power_of_two() / 2;
+            let right = ps.split_off(h);
+            Some(combine(r, tree(r, ps)?, tree(r, right)?))
+        }
+    }
+}
+
+/// The result values (one or two) of `r` over terms whose partial is `p` (`None`: no term).
+fn finish<T: Term>(r: Reduction, p: Option<Partial<T>>) -> (Value, Option<Value>) {
+    let nan = Value::Float(f64::NAN);
+    match (r, p) {
+        (Reduction::Sum, None) => (T::ZERO.value(), None),
+        (Reduction::Prod, None) => (T::ONE.value(), None),
+        (Reduction::Max, None) => (T::lowest().value(), None),
+        (Reduction::Min, None) => (T::highest().value(), None),
+        (Reduction::Logsumexp, None) => (Value::Float(f64::NEG_INFINITY), None),
+        (Reduction::Moments, None) => (nan, Some(nan)),
+        (Reduction::Arg(_), None) => unreachable!("an Arg of no term is refused"),
+        (_, Some(Partial::Sum(x) | Partial::Prod(x) | Partial::Ext(x))) => (x.value(), None),
+        (_, Some(Partial::Arg(x, i))) => (x.value(), Some(Value::Int(i.into()))),
+        (_, Some(Partial::Lse { m, s, nan: n })) => {
+            let v = if n {
+                f64::NAN
+            } else if m.is_infinite() {
+                m
+            } else {
+                m + s.ln()
+            };
+            (Value::Float(v), None)
+        }
+        (_, Some(Partial::Mom { n, mean, m2, pinf, ninf, nan: z })) => {
+            if z || (n == 0.0 && !pinf && !ninf) {
+                (nan, Some(nan))
+            } else if pinf || ninf {
+                let m = if pinf && ninf {
+                    f64::NAN
+                } else if pinf {
+                    f64::INFINITY
+                } else {
+                    f64::NEG_INFINITY
+                };
+                (Value::Float(m), Some(nan))
+            } else {
+                (Value::Float(mean), Some(Value::Float((m2 / n).max(0.0))))
+            }
+        }
+    }
+}
+
+/// A partial of any term type.
+#[derive(Clone, Copy, Debug)]
+enum AnyPartial {
+    B(Partial<bool>),
+    I(Partial<i64>),
+    U(Partial<u64>),
+    F(Partial<f32>),
+    D(Partial<f64>),
+    C(Partial<Complex32>),
+    Z(Partial<Complex64>),
+}
+
+fn chunk_any(r: Reduction, reg: &Reg, range: std::ops::Range<usize>, base: i64) -> AnyPartial {
+    match reg {
+        Reg::B(v) => AnyPartial::B(chunk(r, &v[range], base)),
+        Reg::I(v) => AnyPartial::I(chunk(r, &v[range], base)),
+        Reg::U(v) => AnyPartial::U(chunk(r, &v[range], base)),
+        Reg::F(v) => AnyPartial::F(chunk(r, &v[range], base)),
+        Reg::D(v) => AnyPartial::D(chunk(r, &v[range], base)),
+        Reg::C(v) => AnyPartial::C(chunk(r, &v[range], base)),
+        Reg::Z(v) => AnyPartial::Z(chunk(r, &v[range], base)),
+    }
+}
+
+fn finish_any(r: Reduction, ty: Ty, ps: Vec<AnyPartial>) -> (Value, Option<Value>) {
+    macro_rules! go {
+        ($v:ident, $t:ty) => {{
+            let typed: Vec<Partial<$t>> =
+                ps.into_iter().map(|p| if let AnyPartial::$v(p) = p { p } else { unreachable!("one type") }).collect();
+            finish::<$t>(r, tree(r, typed))
+        }};
+    }
+    match ty {
+        Ty::Bool => go!(B, bool),
+        Ty::I64 => go!(I, i64),
+        Ty::U64 => go!(U, u64),
+        Ty::F32 => go!(F, f32),
+        Ty::F64 => go!(D, f64),
+        Ty::C64 => go!(C, Complex32),
+        Ty::C128 => go!(Z, Complex64),
+    }
+}
+
+/// Writes `v` as element `at` of a C-contiguous destination of dtype `d`.
+///
+/// # Safety
+/// An exclusive claim on the destination is held and `at` is one of its positions.
+unsafe fn store_value(d: Dtype, p: Ptr, at: isize, v: Value) {
+    macro_rules! go {
+        ($t:ty) => {
+            // SAFETY: the caller's contract.
+            unsafe { <$t>::store(p.at(d, at), <$t>::from_value(v)) }
+        };
+    }
+    dispatch_dtype!(d, go)
+}
+
+struct Job<'a> {
+    bound: &'a Bound<'a>,
+    reductions: &'a [Reduction],
+    /// Per reduction, its destinations: (address, offset, dtype).
+    outs: Vec<Vec<(Ptr, isize, Dtype)>>,
+    terms: usize,
+}
+
+impl Job<'_> {
+    /// Partials of every reduction over the loop's flat indices `start..start + len`, which are
+    /// terms `base..base + len` of one output, held in `regs[off..off + len]` after evaluation.
+    fn partials(&self, regs: &[Reg], off: usize, len: usize, base: usize) -> Vec<AnyPartial> {
+        self.reductions
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| chunk_any(r, self.bound.output(regs, i), off..off + len, base as i64))
+            .collect()
+    }
+
+    /// Finishes output `o` from its partials (one vector per chunk) and writes it.
+    ///
+    /// # Safety
+    /// The door's claims are held; no other task writes output `o`.
+    unsafe fn write(&self, o: usize, per_chunk: Vec<Vec<AnyPartial>>) {
+        let mut by_red: Vec<Vec<AnyPartial>> = vec![Vec::with_capacity(per_chunk.len()); self.reductions.len()];
+        for ps in per_chunk {
+            for (i, p) in ps.into_iter().enumerate() {
+                by_red[i].push(p);
+            }
+        }
+        for (i, ps) in by_red.into_iter().enumerate() {
+            let (v, w) = finish_any(self.reductions[i], self.bound.output_ty(i), ps);
+            let dsts = &self.outs[i];
+            // SAFETY: the caller's contract.
+            unsafe {
+                store_value(dsts[0].2, dsts[0].0, dsts[0].1 + o as isize, v);
+                if let (Some(w), Some(&(p, off, d))) = (w, dsts.get(1)) {
+                    store_value(d, p, off + o as isize, w);
+                }
+            }
+        }
+    }
+
+    /// Output `o`'s partials, chunk `j`.
+    ///
+    /// # Safety
+    /// The door's claims are held.
+    unsafe fn chunk(&self, regs: &mut [Reg], o: usize, j: usize) -> Vec<AnyPartial> {
+        let start = j * CHUNK;
+        let len = CHUNK.min(self.terms - start);
+        // SAFETY: the caller's contract.
+        unsafe { self.bound.eval(o * self.terms + start, len, regs) };
+        self.partials(regs, 0, len, start)
+    }
+}
+
+pub(crate) fn reduce(
+    prog: &Prog,
+    shape: &[usize],
+    axes: &[usize],
+    reductions: &[Reduction],
+    dsts: &[&dyn Operand],
+    loads: &[&dyn Operand],
+) -> Answer {
+    let dt: Vec<_> = dsts.iter().map(|d| d.dtype()).collect();
+    let lt: Vec<_> = loads.iter().map(|l| l.dtype()).collect();
+    if let Some((answer, _)) = reduce_refusal(prog, shape.len(), reductions, &dt, &lt) {
+        return answer;
+    }
+    let mut red = axes.to_vec();
+    red.sort_unstable();
+    red.dedup();
+    if red.len() != axes.len() || red.iter().any(|&a| a >= shape.len()) {
+        return Answer::ShapeMismatch;
+    }
+    let kept: Vec<usize> = (0..shape.len()).filter(|a| !red.contains(a)).collect();
+    let out_shape: Vec<usize> = kept.iter().map(|&a| shape[a]).collect();
+    through_door(dsts, loads, || {
+        if dsts.iter().any(|d| d.layout().shape() != out_shape) {
+            return Answer::ShapeMismatch;
+        }
+        if dsts.iter().any(|d| !d.layout().is_contiguous()) {
+            return Answer::Declined;
+        }
+        let complex_extreme = reductions.iter().enumerate().any(|(i, r)| {
+            matches!(r, Reduction::Max | Reduction::Min | Reduction::Arg(_)) && prog.ty(prog.outputs[i]).is_complex()
+        });
+        if complex_extreme {
+            return Answer::Declined;
+        }
+        let perm: Vec<usize> = kept.iter().chain(&red).copied().collect();
+        let bound = match Bound::new(prog, shape, &perm, loads) {
+            Ok(b) => b,
+            Err(a) => return a,
+        };
+        let (outputs, terms) = (numel(&out_shape), red.iter().map(|&a| shape[a]).product::<usize>());
+        if terms == 0 && outputs > 0 && reductions.iter().any(|r| matches!(r, Reduction::Arg(_))) {
+            return Answer::ShapeMismatch;
+        }
+        let mut outs = Vec::with_capacity(reductions.len());
+        let mut k = 0;
+        for r in reductions {
+            outs.push(
+                dsts[k..k + r.destinations()].iter().map(|d| (Ptr::of(*d), d.layout().offset(), d.dtype())).collect(),
+            );
+            k += r.destinations();
+        }
+        let job = Job { bound: &bound, reductions, outs, terms };
+        if terms == 0 {
+            // SAFETY: the door holds the claims; each output is written once.
+            (0..outputs).for_each(|o| unsafe { job.write(o, Vec::new()) });
+        } else if terms <= CHUNK {
+            // Whole outputs per block: each output is one chunk.
+            let per = (1024 / terms).max(1);
+            (0..outputs.div_ceil(per)).into_par_iter().for_each(|b| {
+                let mut regs = bound.registers(per * terms);
+                let (o0, o1) = (b * per, ((b + 1) * per).min(outputs));
+                // SAFETY: the door holds the claims; this task writes outputs o0..o1 alone.
+                unsafe {
+                    bound.eval(o0 * terms, (o1 - o0) * terms, &mut regs);
+                    for o in o0..o1 {
+                        let ps = job.partials(&regs, (o - o0) * terms, terms, 0);
+                        job.write(o, vec![ps]);
+                    }
+                }
+            });
+        } else {
+            let chunks = terms.div_ceil(CHUNK);
+            if outputs >= 2 * rayon::current_num_threads() {
+                (0..outputs).into_par_iter().for_each_init(
+                    || bound.registers(CHUNK),
+                    // SAFETY: the door holds the claims; this task writes output o alone.
+                    |regs, o| unsafe {
+                        let ps = (0..chunks).map(|j| job.chunk(regs, o, j)).collect();
+                        job.write(o, ps);
+                    },
+                );
+            } else {
+                for o in 0..outputs {
+                    let ps: Vec<Vec<AnyPartial>> = (0..chunks)
+                        .into_par_iter()
+                        // SAFETY: the door holds the claims; chunks only read.
+                        .map_init(|| bound.registers(CHUNK), |regs, j| unsafe { job.chunk(regs, o, j) })
+                        .collect();
+                    // SAFETY: as above; output o is written once.
+                    unsafe { job.write(o, ps) };
+                }
+            }
+        }
+        Answer::Done
+    })
+}

@@ -1,0 +1,610 @@
+//! The host kernel library against naive references: maps bit for bit, reductions and
+//! contractions within their stated bounds, special values, refusals, and thread-count
+//! independence.
+
+use half::{bf16, f16};
+use nx_kernels::prog::{CmpOp, Prog, UnOp};
+use nx_kernels::{Answer, Array, Contraction, Dtype, Element, Extreme, Host, Kernels, Move, Operand, Reduction};
+use nx_mesh::Device;
+use proptest::prelude::*;
+
+const DEV: Device = Device { kind: nx_mesh::DeviceKind::Sim, ordinal: 0, rank: 0 };
+
+/// A view of `shape` over a larger buffer: every other element along the last axis, reversed
+/// along the first, at an offset — exercising strided, negative and offset layouts.
+fn strided<T: Element>(shape: &[usize], f: impl Fn(usize) -> T) -> Array<T> {
+    let mut big = shape.to_vec();
+    if let Some(l) = big.last_mut() {
+        *l = *l * 2 + 1;
+    }
+    if let Some(f0) = big.first_mut() {
+        *f0 += 1;
+    }
+    let mut k = 0;
+    let base = Array::<T>::from_fn(DEV, &big, |_| {
+        k += 1;
+        f(k * 7919 % 10007)
+    })
+    .unwrap();
+    let mut v = base;
+    if !shape.is_empty() {
+        let last = shape.len() - 1;
+        v = v.apply(&Move::Slice { axis: last, start: Some(1), stop: None, step: 2 }).unwrap().unwrap();
+        v = v.apply(&Move::Slice { axis: 0, start: Some(1), stop: None, step: 1 }).unwrap().unwrap();
+        v = v.apply(&Move::Flip(0)).unwrap().unwrap();
+    }
+    assert_eq!(v.shape(), shape);
+    v
+}
+
+fn val(k: usize) -> f32 {
+    (k as f32 - 5003.0) / 977.0
+}
+
+fn chain_prog(d: Dtype) -> Prog {
+    let mut p = Prog::new(&[d, d, d]);
+    let (a, x, b) = (p.load(0), p.load(1), p.load(2));
+    let ax = p.mul(a, x);
+    let y = p.add(ax, b);
+    let zero = p.float(0.0);
+    let z = p.max(y, zero);
+    p.output(y);
+    p.output(z);
+    p
+}
+
+#[test]
+fn fused_chain_is_bit_exact_on_strided_and_broadcast_operands() {
+    let host = Host::new();
+    for shape in [vec![], vec![0], vec![7], vec![3, 5], vec![4, 1, 9], vec![33, 65]] {
+        let a = strided::<f32>(&shape, val);
+        let x = strided::<f32>(&shape, |k| val(k + 1));
+        // b broadcast along every axis but the last
+        let b_shape: Vec<usize> = shape.last().map(|&n| vec![n]).unwrap_or_default();
+        let b = Array::<f32>::from_fn(DEV, &b_shape, |i| i.first().map_or(0.5, |&j| j as f32 - 2.0)).unwrap();
+        let y = Array::<f32>::zeros(DEV, &shape).unwrap();
+        let z = Array::<f32>::zeros(DEV, &shape).unwrap();
+        assert_eq!(host.map(&chain_prog(Dtype::F32), &shape, &[&y, &z], &[&a, &x, &b]), Answer::Done);
+        let bw = b.apply(&Move::Expand(shape.clone())).unwrap().unwrap();
+        let (av, xv, bv) = (a.to_vec().unwrap(), x.to_vec().unwrap(), bw.to_vec().unwrap());
+        let want_y: Vec<f32> = (0..av.len()).map(|i| av[i] * xv[i] + bv[i]).collect();
+        let want_z: Vec<f32> = want_y.iter().map(|&v| if v > 0.0 { v } else { 0.0 }).collect();
+        assert_eq!(y.to_vec().unwrap(), want_y, "shape {shape:?}");
+        assert_eq!(z.to_vec().unwrap(), want_z, "shape {shape:?}");
+    }
+}
+
+#[test]
+fn halves_compute_in_f32_and_round_once() {
+    let host = Host::new();
+    for d in [Dtype::F16, Dtype::BF16] {
+        let n = 3000;
+        macro_rules! go {
+            ($t:ty, $down:expr) => {{
+                let a = Array::<$t>::from_fn(DEV, &[n], |i| <$t>::from_f32(val(i[0] * 3))).unwrap();
+                let x = Array::<$t>::from_fn(DEV, &[n], |i| <$t>::from_f32(val(i[0] * 5 + 1))).unwrap();
+                let b = Array::<$t>::from_fn(DEV, &[n], |i| <$t>::from_f32(val(i[0] + 2))).unwrap();
+                let (y, z) = (Array::<$t>::zeros(DEV, &[n]).unwrap(), Array::<$t>::zeros(DEV, &[n]).unwrap());
+                assert_eq!(host.map(&chain_prog(d), &[n], &[&y, &z], &[&a, &x, &b]), Answer::Done);
+                let (av, xv, bv) = (a.to_vec().unwrap(), x.to_vec().unwrap(), b.to_vec().unwrap());
+                for i in 0..n {
+                    let f = av[i].to_f32() * xv[i].to_f32() + bv[i].to_f32();
+                    assert_eq!(y.get(&[i]).unwrap().to_bits(), $down(f).to_bits(), "{d} at {i}");
+                }
+            }};
+        }
+        match d {
+            Dtype::F16 => go!(f16, nx_kernels::dtype::convert::f32_to_f16),
+            _ => go!(bf16, nx_kernels::dtype::convert::f32_to_bf16),
+        }
+    }
+}
+
+#[test]
+fn unary_ops_match_f64_within_a_few_ulps() {
+    let host = Host::new();
+    let ops = [
+        UnOp::Exp,
+        UnOp::Log,
+        UnOp::Sqrt,
+        UnOp::Rsqrt,
+        UnOp::Tanh,
+        UnOp::Sigmoid,
+        UnOp::Sin,
+        UnOp::Cos,
+        UnOp::Erf,
+        UnOp::Abs,
+        UnOp::Neg,
+        UnOp::Recip,
+    ];
+    let xs: Vec<f64> = (0..2001).map(|i| (i as f64 - 1000.0) / 97.0).collect();
+    let x = Array::<f64>::from_vec(DEV, &[xs.len()], xs.clone()).unwrap();
+    for op in ops {
+        let mut p = Prog::new(&[Dtype::F64]);
+        let l = p.load(0);
+        let u = p.unary(op, l);
+        p.output(u);
+        let y = Array::<f64>::zeros(DEV, &[xs.len()]).unwrap();
+        assert_eq!(host.map(&p, &[xs.len()], &[&y], &[&x]), Answer::Done);
+        let got = y.to_vec().unwrap();
+        for (i, &v) in xs.iter().enumerate() {
+            let want = match op {
+                UnOp::Exp => v.exp(),
+                UnOp::Log => v.ln(),
+                UnOp::Sqrt => v.sqrt(),
+                UnOp::Rsqrt => 1.0 / v.sqrt(),
+                UnOp::Tanh => v.tanh(),
+                UnOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+                UnOp::Sin => v.sin(),
+                UnOp::Cos => v.cos(),
+                UnOp::Erf => erf_reference(v),
+                UnOp::Abs => v.abs(),
+                UnOp::Neg => -v,
+                UnOp::Recip => 1.0 / v,
+                _ => unreachable!(),
+            };
+            if want.is_nan() {
+                assert!(got[i].is_nan(), "{op:?}({v})");
+            } else if want.is_infinite() {
+                assert_eq!(got[i], want, "{op:?}({v})");
+            } else {
+                let tol = if op == UnOp::Erf { 1e-12 } else { 1e-14 * want.abs().max(1e-300) + 1e-300 };
+                assert!((got[i] - want).abs() <= tol, "{op:?}({v}) = {} want {want}", got[i]);
+            }
+        }
+    }
+}
+
+/// erf by Simpson's rule on 2/√π e^(−t²) with many panels: independent of the library's series.
+fn erf_reference(x: f64) -> f64 {
+    // past 6, erf is 1 - 2e-17: 1 to double precision
+    let x = x.clamp(-6.0, 6.0);
+    let n = 6_000;
+    let h = x / n as f64;
+    let f = |t: f64| (-t * t).exp();
+    // Neumaier-compensated Simpson sum
+    let (mut s, mut c) = (0.0f64, 0.0f64);
+    for i in 0..=n {
+        let w = if i == 0 || i == n {
+            1.0
+        } else if i % 2 == 1 {
+            4.0
+        } else {
+            2.0
+        };
+        let term = w * f(i as f64 * h);
+        let t = s + term;
+        c += if s.abs() >= term.abs() { (s - t) + term } else { (term - t) + s };
+        s = t;
+    }
+    (s + c) * h / 3.0 * std::f64::consts::FRAC_2_SQRT_PI
+}
+
+#[test]
+fn erf_matches_tabulated_values() {
+    // erf at 0.5, 1, 2, 3 (Abramowitz & Stegun, table 7.1, to 16 digits)
+    let host = Host::new();
+    let xs = [0.0, 0.5, 1.0, 2.0, 3.0, -1.0];
+    let want = [
+        0.0,
+        0.520_499_877_813_046_5,
+        0.842_700_792_949_714_9,
+        0.995_322_265_018_952_7,
+        0.999_977_909_503_001_4,
+        -0.842_700_792_949_714_9,
+    ];
+    let x = Array::<f64>::from_vec(DEV, &[6], xs.to_vec()).unwrap();
+    let mut p = Prog::new(&[Dtype::F64]);
+    let l = p.load(0);
+    let e = p.unary(UnOp::Erf, l);
+    p.output(e);
+    let y = Array::<f64>::zeros(DEV, &[6]).unwrap();
+    assert_eq!(host.map(&p, &[6], &[&y], &[&x]), Answer::Done);
+    for (g, w) in y.to_vec().unwrap().iter().zip(want) {
+        assert!((g - w).abs() <= 4.5e-16, "{g} vs {w}"); // 2 ulps near 1
+    }
+}
+
+#[test]
+fn integers_wrap_casts_saturate_and_coords_count() {
+    let host = Host::new();
+    let a = Array::<i8>::from_vec(DEV, &[4], vec![100, -128, 7, 0]).unwrap();
+    let mut p = Prog::new(&[Dtype::I8]);
+    let x = p.load(0);
+    let two = p.int(2);
+    let y = p.mul(x, two);
+    let zero = p.int(0);
+    let q = p.div(x, zero);
+    p.output(y);
+    p.output(q);
+    let (y, q) = (Array::<i8>::zeros(DEV, &[4]).unwrap(), Array::<i8>::zeros(DEV, &[4]).unwrap());
+    assert_eq!(host.map(&p, &[4], &[&y, &q], &[&a]), Answer::Done);
+    assert_eq!(y.to_vec().unwrap(), [-56, 0, 14, 0], "i8 wrapping");
+    assert_eq!(q.to_vec().unwrap(), [0, 0, 0, 0], "integer division by 0 is 0, never a trap");
+
+    let f = Array::<f32>::from_vec(DEV, &[3], vec![300.7, -1e9, f32::NAN]).unwrap();
+    let mut p = Prog::new(&[Dtype::F32]);
+    let l = p.load(0);
+    let c = p.cast(l, Dtype::I8);
+    p.output(c);
+    let out = Array::<i32>::zeros(DEV, &[3]).unwrap();
+    assert_eq!(host.map(&p, &[3], &[&out], &[&f]), Answer::Done);
+    assert_eq!(out.to_vec().unwrap(), [127, -128, 0]);
+
+    let mut p = Prog::new(&[]);
+    let (r, c) = (p.coord(0), p.coord(1));
+    let ten = p.int(10);
+    let rt = p.mul(r, ten);
+    let v = p.add(rt, c);
+    let big = p.int(20);
+    let cmp = p.compare(CmpOp::Gt, v, big);
+    let neg = p.int(-1);
+    let s = p.select(cmp, neg, v);
+    p.output(s);
+    let out = Array::<i64>::zeros(DEV, &[3, 4]).unwrap();
+    assert_eq!(host.map(&p, &[3, 4], &[&out], &[]), Answer::Done);
+    assert_eq!(out.to_vec().unwrap(), [0, 1, 2, 3, 10, 11, 12, 13, 20, -1, -1, -1]);
+}
+
+#[test]
+fn map_refusals() {
+    let host = Host::new();
+    let a = Array::<f32>::from_vec(DEV, &[4], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    let out = Array::<f32>::zeros(DEV, &[4]).unwrap();
+    let p = chain_prog(Dtype::F32);
+    // the program loads three operands and writes two outputs
+    assert_eq!(host.map(&p, &[4], &[&out], &[&a, &a, &a]), Answer::ShapeMismatch);
+    let i = Array::<i32>::zeros(DEV, &[4]).unwrap();
+    assert_eq!(host.map(&p, &[4], &[&out, &out.copy().unwrap()], &[&a, &i, &a]), Answer::WrongDtype);
+    let r = nx_kernels::map_refusal(&p, 1, &[Dtype::F32, Dtype::F32], &[Dtype::F32, Dtype::I32, Dtype::F32]).unwrap();
+    assert_eq!(r.1, "load 1 is i32, the program loads f32");
+    // a type error in the program
+    let mut bad = Prog::new(&[Dtype::C64]);
+    let c = bad.load(0);
+    let m = bad.max(c, c);
+    bad.output(m);
+    let r = nx_kernels::map_refusal(&bad, 1, &[Dtype::C64], &[Dtype::C64]).unwrap();
+    assert_eq!(r, (Answer::WrongDtype, "Max takes real operands, got c64".to_string()));
+    // a load that does not broadcast, a destination of the wrong shape
+    let mut p1 = Prog::new(&[Dtype::F32]);
+    let l = p1.load(0);
+    let e = p1.unary(UnOp::Exp, l);
+    p1.output(e);
+    let three = Array::<f32>::zeros(DEV, &[3]).unwrap();
+    assert_eq!(host.map(&p1, &[4], &[&out], &[&three]), Answer::ShapeMismatch);
+    assert_eq!(host.map(&p1, &[3], &[&out], &[&three]), Answer::ShapeMismatch);
+    // in place (identical) is allowed; shifted overlap is refused
+    assert_eq!(host.map(&p1, &[4], &[&a], &[&a]), Answer::Done);
+    let big = Array::<f32>::zeros(DEV, &[5]).unwrap();
+    let lo = big.apply(&Move::Slice { axis: 0, start: Some(0), stop: Some(4), step: 1 }).unwrap().unwrap();
+    let hi = big.apply(&Move::Slice { axis: 0, start: Some(1), stop: None, step: 1 }).unwrap().unwrap();
+    assert_eq!(host.map(&p1, &[4], &[&hi], &[&lo]), Answer::Overlapping);
+    // coord past the loop's rank
+    let mut pc = Prog::new(&[]);
+    let c2 = pc.coord(2);
+    pc.output(c2);
+    let o = Array::<i64>::zeros(DEV, &[2, 2]).unwrap();
+    assert_eq!(host.map(&pc, &[2, 2], &[&o], &[]), Answer::ShapeMismatch);
+}
+
+fn sum_prog(d: Dtype) -> Prog {
+    let mut p = Prog::new(&[d]);
+    let l = p.load(0);
+    p.output(l);
+    p
+}
+
+fn reduce1(host: &Host, r: Reduction, x: &dyn Operand, axes: &[usize], dst: &[&dyn Operand]) -> Answer {
+    host.reduce(&sum_prog(x.dtype()), x.layout().shape(), axes, &[r], dst, &[x])
+}
+
+fn gamma(k: f64, u: f64) -> f64 {
+    k * u / (1.0 - k * u)
+}
+
+/// The library's stated bound on a Sum of n terms.
+fn sum_bound(n: usize, u: f64) -> f64 {
+    let c = n.min(256);
+    let p = n.div_ceil(256).max(1);
+    gamma((c.div_ceil(8) + 2) as f64 + (p as f64).log2().ceil(), u)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+
+    #[test]
+    fn reductions_match_the_f64_reference(shape in prop::collection::vec(0usize..40, 1..4), pick in any::<u8>(), seed in any::<u32>()) {
+        let host = Host::new();
+        let rank = shape.len();
+        let axes: Vec<usize> = (0..rank).filter(|a| pick >> a & 1 == 1).collect();
+        let x = strided::<f32>(&shape, |k| val(k.wrapping_mul(seed as usize | 1) % 10007) * 3.0);
+        let xv = x.to_vec().unwrap();
+        let kept: Vec<usize> = (0..rank).filter(|a| !axes.contains(a)).collect();
+        let out_shape: Vec<usize> = kept.iter().map(|&a| shape[a]).collect();
+        let outs: usize = out_shape.iter().product();
+        // reference: group terms by output, in C order
+        let mut groups: Vec<Vec<f64>> = vec![Vec::new(); outs];
+        for (flat, &v) in xv.iter().enumerate() {
+            let mut idx = vec![0; rank];
+            let mut r = flat;
+            for d in (0..rank).rev() { idx[d] = r % shape[d]; r /= shape[d]; }
+            let o = kept.iter().fold(0, |acc, &a| acc * shape[a] + idx[a]);
+            groups[o].push(v as f64);
+        }
+        let sum = Array::<f32>::zeros(DEV, &out_shape).unwrap();
+        let (mx, at) = (Array::<f32>::zeros(DEV, &out_shape).unwrap(), Array::<i64>::zeros(DEV, &out_shape).unwrap());
+        let (mean, var) = (Array::<f64>::zeros(DEV, &out_shape).unwrap(), Array::<f64>::zeros(DEV, &out_shape).unwrap());
+        let lse = Array::<f64>::zeros(DEV, &out_shape).unwrap();
+        prop_assert_eq!(reduce1(&host, Reduction::Sum, &x, &axes, &[&sum]), Answer::Done);
+        let arg = reduce1(&host, Reduction::Arg(Extreme::Max), &x, &axes, &[&mx, &at]);
+        prop_assert_eq!(reduce1(&host, Reduction::Moments, &x, &axes, &[&mean, &var]), Answer::Done);
+        prop_assert_eq!(reduce1(&host, Reduction::Logsumexp, &x, &axes, &[&lse]), Answer::Done);
+        let terms = groups.first().map_or(0, |g| g.len());
+        if terms == 0 && outs > 0 { prop_assert_eq!(arg, Answer::ShapeMismatch); } else { prop_assert_eq!(arg, Answer::Done); }
+        let (sv, mxv, atv, mv, vv, lv) = (sum.to_vec().unwrap(), mx.to_vec().unwrap(), at.to_vec().unwrap(),
+            mean.to_vec().unwrap(), var.to_vec().unwrap(), lse.to_vec().unwrap());
+        let u32_ = 2f64.powi(-24);
+        for (o, g) in groups.iter().enumerate() {
+            let exact: f64 = g.iter().sum();
+            let abs: f64 = g.iter().map(|v| v.abs()).sum();
+            let bound = sum_bound(g.len(), u32_) * abs + exact.abs() * u32_ + 1e-30;
+            prop_assert!((sv[o] as f64 - exact).abs() <= bound, "sum {} vs {} (bound {})", sv[o], exact, bound);
+            if !g.is_empty() {
+                let m = g.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                prop_assert_eq!(mxv[o] as f64, m);
+                let first = g.iter().position(|&v| v == m).unwrap();
+                prop_assert_eq!(atv[o], first as i64);
+                let n = g.len() as f64;
+                let mu = exact / n;
+                let s2 = g.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / n;
+                prop_assert!((mv[o] - mu).abs() <= 1e-12 * (abs / n + 1.0));
+                prop_assert!((vv[o] - s2).abs() <= 1e-11 * (s2 + 1.0) && vv[o] >= 0.0);
+                let l = m + g.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                prop_assert!((lv[o] - l).abs() <= 1e-12 * (l.abs() + 1.0), "lse {} vs {}", lv[o], l);
+            } else {
+                prop_assert!(mv[o].is_nan() && vv[o].is_nan());
+                prop_assert_eq!(lv[o], f64::NEG_INFINITY);
+            }
+        }
+    }
+}
+
+#[test]
+fn special_values_of_every_reduction() {
+    let host = Host::new();
+    let one = |r: Reduction, xs: &[f64]| -> (f64, f64) {
+        let x = Array::<f64>::from_vec(DEV, &[xs.len()], xs.to_vec()).unwrap();
+        let a = Array::<f64>::zeros(DEV, &[]).unwrap();
+        let b = Array::<f64>::zeros(DEV, &[]).unwrap();
+        let p = Array::<i64>::zeros(DEV, &[]).unwrap();
+        let dsts: Vec<&dyn Operand> = match r {
+            Reduction::Moments => vec![&a, &b],
+            Reduction::Arg(_) => vec![&a, &p],
+            _ => vec![&a],
+        };
+        assert_eq!(reduce1(&host, r, &x, &[0], &dsts), Answer::Done, "{r:?} {xs:?}");
+        let second = if matches!(r, Reduction::Arg(_)) { p.get(&[]).unwrap() as f64 } else { b.get(&[]).unwrap() };
+        (a.get(&[]).unwrap(), second)
+    };
+    let (inf, nan) = (f64::INFINITY, f64::NAN);
+    // Sum: -0 terms give +0; NaN propagates; +inf + -inf is NaN; empty is +0
+    assert_eq!(one(Reduction::Sum, &[-0.0, -0.0]).0.to_bits(), 0f64.to_bits());
+    assert!(one(Reduction::Sum, &[1.0, nan]).0.is_nan());
+    assert!(one(Reduction::Sum, &[inf, -inf]).0.is_nan());
+    assert_eq!(one(Reduction::Sum, &[]).0.to_bits(), 0);
+    // Prod: empty is 1; -0 · 1 stays -0 (from the first term, never by 1)
+    assert_eq!(one(Reduction::Prod, &[]).0, 1.0);
+    assert_eq!(one(Reduction::Prod, &[-0.0]).0.to_bits(), (-0f64).to_bits());
+    // Max/Min: NaN propagates; -0 below +0; empty is the identity
+    assert!(one(Reduction::Max, &[1.0, nan, 3.0]).0.is_nan());
+    assert_eq!(one(Reduction::Max, &[-0.0, 0.0]).0.to_bits(), 0f64.to_bits());
+    assert_eq!(one(Reduction::Min, &[0.0, -0.0]).0.to_bits(), (-0f64).to_bits());
+    assert_eq!(one(Reduction::Max, &[]).0, -inf);
+    assert_eq!(one(Reduction::Min, &[]).0, inf);
+    // Arg: the first extreme with its bits; the first NaN
+    assert_eq!(one(Reduction::Arg(Extreme::Max), &[1.0, 3.0, 3.0]).1, 1.0);
+    assert_eq!(one(Reduction::Arg(Extreme::Max), &[-0.0, 0.0, 0.0]).1, 1.0);
+    assert_eq!(one(Reduction::Arg(Extreme::Min), &[0.0, -0.0, -0.0]).1, 1.0);
+    assert_eq!(one(Reduction::Arg(Extreme::Max), &[1.0, nan, 5.0, nan]).1, 1.0);
+    let many: Vec<f64> = (0..1000).map(|i| if i == 700 || i > 900 { 9.0 } else { 1.0 }).collect();
+    assert_eq!(one(Reduction::Arg(Extreme::Max), &many).1, 700.0, "across chunks, the first");
+    // Logsumexp
+    assert_eq!(one(Reduction::Logsumexp, &[]).0, -inf);
+    assert_eq!(one(Reduction::Logsumexp, &[-inf, -inf]).0, -inf);
+    assert_eq!(one(Reduction::Logsumexp, &[1.0, inf]).0, inf);
+    assert!(one(Reduction::Logsumexp, &[inf, nan]).0.is_nan());
+    assert!((one(Reduction::Logsumexp, &[1000.0, 1000.0]).0 - (1000.0 + 2f64.ln())).abs() < 1e-12);
+    // Moments
+    let (m, v) = one(Reduction::Moments, &[]);
+    assert!(m.is_nan() && v.is_nan());
+    let (m, v) = one(Reduction::Moments, &[1.0, inf]);
+    assert!(m == inf && v.is_nan());
+    let (m, v) = one(Reduction::Moments, &[-inf, inf]);
+    assert!(m.is_nan() && v.is_nan());
+    let (m, v) = one(Reduction::Moments, &[1e8 + 1.0, 1e8 + 2.0, 1e8 + 3.0]);
+    assert!((m - (1e8 + 2.0)).abs() < 1e-6 && (v - 2.0 / 3.0).abs() < 1e-6, "{m} {v}");
+    let (_, v) = one(Reduction::Moments, &vec![0.1; 1000]);
+    assert!(v >= 0.0, "never negative");
+}
+
+#[test]
+fn integer_and_boolean_reductions() {
+    let host = Host::new();
+    let x = Array::<i8>::from_vec(DEV, &[4], vec![100, 100, 100, -3]).unwrap();
+    let s = Array::<i8>::zeros(DEV, &[]).unwrap();
+    assert_eq!(reduce1(&host, Reduction::Sum, &x, &[0], &[&s]), Answer::Done);
+    assert_eq!(s.get(&[]).unwrap(), (297i32 as i8), "wraps in i8");
+    let b = Array::<bool>::from_vec(DEV, &[3], vec![false, true, false]).unwrap();
+    let any = Array::<bool>::zeros(DEV, &[]).unwrap();
+    assert_eq!(reduce1(&host, Reduction::Max, &b, &[0], &[&any]), Answer::Done);
+    assert!(any.get(&[]).unwrap());
+    assert_eq!(reduce1(&host, Reduction::Sum, &b, &[0], &[&any]), Answer::WrongDtype);
+    let f = Array::<f32>::zeros(DEV, &[]).unwrap();
+    assert_eq!(reduce1(&host, Reduction::Logsumexp, &x, &[0], &[&f]), Answer::WrongDtype);
+    let wrong = Array::<i32>::zeros(DEV, &[]).unwrap();
+    assert_eq!(reduce1(&host, Reduction::Arg(Extreme::Min), &x, &[0], &[&s, &wrong]), Answer::WrongDtype);
+    assert_eq!(reduce1(&host, Reduction::Sum, &x, &[0], &[&s, &s]), Answer::ShapeMismatch);
+    assert_eq!(reduce1(&host, Reduction::Sum, &x, &[1], &[&s]), Answer::ShapeMismatch);
+    let c = Array::<num_complex::Complex32>::zeros(DEV, &[3]).unwrap();
+    let cs = Array::<num_complex::Complex32>::zeros(DEV, &[]).unwrap();
+    assert_eq!(reduce1(&host, Reduction::Max, &c, &[0], &[&cs]), Answer::Declined);
+    assert_eq!(reduce1(&host, Reduction::Sum, &c, &[0], &[&cs]), Answer::Done);
+    let empty = Array::<f32>::zeros(DEV, &[0]).unwrap();
+    let p = Array::<i64>::zeros(DEV, &[]).unwrap();
+    assert_eq!(reduce1(&host, Reduction::Arg(Extreme::Max), &empty, &[0], &[&f, &p]), Answer::ShapeMismatch);
+}
+
+#[test]
+fn the_same_bits_with_1_2_and_8_threads() {
+    let x = strided::<f32>(&[301, 1031], |k| val(k) * 1.0e3);
+    let m = Array::<f32>::from_fn(DEV, &[257, 300], |i| val(i[0] * 300 + i[1])).unwrap();
+    let w = Array::<f32>::from_fn(DEV, &[300, 513], |i| val(i[0] + i[1] * 7)).unwrap();
+    let mut runs = Vec::new();
+    for threads in [1, 2, 8] {
+        let host = Host::with_threads(threads).unwrap();
+        let all = Array::<f32>::zeros(DEV, &[]).unwrap();
+        let rows = Array::<f32>::zeros(DEV, &[301]).unwrap();
+        let cols = Array::<f32>::zeros(DEV, &[1031]).unwrap();
+        let (mean, var) = (Array::<f32>::zeros(DEV, &[]).unwrap(), Array::<f32>::zeros(DEV, &[]).unwrap());
+        assert_eq!(reduce1(&host, Reduction::Sum, &x, &[0, 1], &[&all]), Answer::Done);
+        assert_eq!(reduce1(&host, Reduction::Sum, &x, &[1], &[&rows]), Answer::Done);
+        assert_eq!(reduce1(&host, Reduction::Sum, &x, &[0], &[&cols]), Answer::Done);
+        assert_eq!(reduce1(&host, Reduction::Moments, &x, &[0, 1], &[&mean, &var]), Answer::Done);
+        let mm = Array::<f32>::zeros(DEV, &[257, 513]).unwrap();
+        assert_eq!(host.contract(&Contraction::matmul(0), &mm, &m, &w, None), Answer::Done);
+        let bits = |a: &Array<f32>| a.to_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        runs.push([bits(&all), bits(&rows), bits(&cols), bits(&mean), bits(&var), bits(&mm)]);
+    }
+    assert_eq!(runs[0], runs[1]);
+    assert_eq!(runs[0], runs[2]);
+}
+
+/// Naive f64 contraction of C-order data [b, m, k] · [b, k, n].
+fn naive(a: &[f64], b: &[f64], (bt, m, k, n): (usize, usize, usize, usize)) -> (Vec<f64>, Vec<f64>) {
+    let mut out = vec![0.0; bt * m * n];
+    let mut mag = vec![0.0; bt * m * n];
+    for z in 0..bt {
+        for i in 0..m {
+            for j in 0..n {
+                for p in 0..k {
+                    let (x, y) = (a[z * m * k + i * k + p], b[z * k * n + p * n + j]);
+                    out[z * m * n + i * n + j] += x * y;
+                    mag[z * m * n + i * n + j] += (x * y).abs();
+                }
+            }
+        }
+    }
+    (out, mag)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    #[test]
+    fn matmuls_match_the_f64_reference(bt in 1usize..3, m in 0usize..40, k in 0usize..70, n in 0usize..40, transpose in any::<bool>(), with_init in any::<bool>()) {
+        let host = Host::new();
+        let a = Array::<f32>::from_fn(DEV, &[bt, m, k], |i| val(i[0] * 31 + i[1] * 7 + i[2] * 3)).unwrap();
+        // b given transposed in memory: its [b, k, n] view is strided
+        let b = if transpose {
+            let bt_ = Array::<f32>::from_fn(DEV, &[bt, n, k], |i| val(i[0] + i[1] * 5 + i[2] * 11)).unwrap();
+            bt_.apply(&Move::Permute(vec![0, 2, 1])).unwrap().unwrap()
+        } else {
+            Array::<f32>::from_fn(DEV, &[bt, k, n], |i| val(i[0] + i[2] * 5 + i[1] * 11)).unwrap()
+        };
+        let init = Array::<f32>::from_fn(DEV, &[bt, m, n], |i| val(i[1] + i[2])).unwrap();
+        let out = Array::<f32>::zeros(DEV, &[bt, m, n]).unwrap();
+        let init_op: Option<&dyn Operand> = if with_init { Some(&init) } else { None };
+        prop_assert_eq!(host.contract(&Contraction::matmul(1), &out, &a, &b, init_op), Answer::Done);
+        let f = |x: &Array<f32>| x.to_vec().unwrap().iter().map(|&v| v as f64).collect::<Vec<_>>();
+        let (want, mag) = naive(&f(&a), &f(&b), (bt, m, k, n));
+        let iv = f(&init);
+        let got = out.to_vec().unwrap();
+        let u = 2f64.powi(-24);
+        for i in 0..want.len() {
+            let (w, g) = if with_init { (want[i] + iv[i], mag[i] + iv[i].abs()) } else { (want[i], mag[i]) };
+            let bound = gamma(k as f64 + 1.0, u) * g + w.abs() * u;
+            prop_assert!((got[i] as f64 - w).abs() <= bound, "{} vs {} (bound {})", got[i], w, bound);
+        }
+    }
+}
+
+#[test]
+fn general_contractions_halves_and_complex() {
+    let host = Host::new();
+    // a [2, 3, 4, 5] with b [5, 2, 4, 6]: batch (0, 1), contract (2, 2) and (3, 0)
+    let a =
+        Array::<f64>::from_fn(DEV, &[2, 3, 4, 5], |i| (i[0] * 60 + i[1] * 20 + i[2] * 5 + i[3]) as f64 * 0.01).unwrap();
+    let b = Array::<f64>::from_fn(DEV, &[5, 2, 4, 6], |i| {
+        i[0] as f64 - i[1] as f64 * 2.0 + i[2] as f64 * 0.5 - i[3] as f64
+    })
+    .unwrap();
+    let spec = Contraction { batch: vec![(0, 1)], contracting: vec![(2, 2), (3, 0)] };
+    assert_eq!(spec.shape(a.shape(), b.shape()).unwrap(), [2, 3, 6]);
+    let out = Array::<f64>::zeros(DEV, &[2, 3, 6]).unwrap();
+    assert_eq!(host.contract(&spec, &out, &a, &b, None), Answer::Done);
+    for z in 0..2 {
+        for i in 0..3 {
+            for j in 0..6 {
+                let mut s = 0.0;
+                for p in 0..4 {
+                    for q in 0..5 {
+                        s += a.get(&[z, i, p, q]).unwrap() * b.get(&[q, z, p, j]).unwrap();
+                    }
+                }
+                assert!((out.get(&[z, i, j]).unwrap() - s).abs() < 1e-12 * (1.0 + s.abs()));
+            }
+        }
+    }
+    // bf16 operands accumulate in f32 and round once
+    let ah = Array::<bf16>::from_fn(DEV, &[17, 300], |i| bf16::from_f32(val(i[0] * 300 + i[1]))).unwrap();
+    let bh = Array::<bf16>::from_fn(DEV, &[300, 9], |i| bf16::from_f32(val(i[0] * 9 + i[1] + 1))).unwrap();
+    let oh = Array::<bf16>::zeros(DEV, &[17, 9]).unwrap();
+    assert_eq!(host.contract(&Contraction::matmul(0), &oh, &ah, &bh, None), Answer::Done);
+    for i in 0..17 {
+        for j in 0..9 {
+            let (mut s, mut g) = (0.0f64, 0.0f64);
+            for p in 0..300 {
+                let x = ah.get(&[i, p]).unwrap().to_f64() * bh.get(&[p, j]).unwrap().to_f64();
+                s += x;
+                g += x.abs();
+            }
+            let got = oh.get(&[i, j]).unwrap().to_f64();
+            let bound = gamma(301.0, 2f64.powi(-24)) * g + s.abs() * 2f64.powi(-8);
+            assert!((got - s).abs() <= bound, "{got} vs {s}");
+        }
+    }
+    // complex
+    use num_complex::Complex64 as Z;
+    let ac = Array::<Z>::from_fn(DEV, &[2, 3], |i| Z::new(i[0] as f64, i[1] as f64 - 1.0)).unwrap();
+    let bc = Array::<Z>::from_fn(DEV, &[3, 2], |i| Z::new(1.0 - i[1] as f64, i[0] as f64)).unwrap();
+    let oc = Array::<Z>::zeros(DEV, &[2, 2]).unwrap();
+    assert_eq!(host.contract(&Contraction::matmul(0), &oc, &ac, &bc, None), Answer::Done);
+    for i in 0..2 {
+        for j in 0..2 {
+            let s: Z = (0..3).map(|p| ac.get(&[i, p]).unwrap() * bc.get(&[p, j]).unwrap()).sum();
+            assert!((oc.get(&[i, j]).unwrap() - s).norm() < 1e-12);
+        }
+    }
+    // K = 0: init exactly, -0 stays -0; +0 without init
+    let e1 = Array::<f32>::zeros(DEV, &[2, 0]).unwrap();
+    let e2 = Array::<f32>::zeros(DEV, &[0, 2]).unwrap();
+    let init = Array::<f32>::from_vec(DEV, &[2, 2], vec![-0.0, 1.0, f32::NAN, 2.0]).unwrap();
+    let o = Array::<f32>::from_vec(DEV, &[2, 2], vec![9.0; 4]).unwrap();
+    assert_eq!(host.contract(&Contraction::matmul(0), &o, &e1, &e2, Some(&init)), Answer::Done);
+    let bits: Vec<u32> = o.to_vec().unwrap().iter().map(|v| v.to_bits()).collect();
+    assert_eq!(bits, init.to_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!(host.contract(&Contraction::matmul(0), &o, &e1, &e2, None), Answer::Done);
+    assert!(o.to_vec().unwrap().iter().all(|v| v.to_bits() == 0));
+    // refusals
+    let i32s = Array::<i32>::zeros(DEV, &[2, 2]).unwrap();
+    assert_eq!(host.contract(&Contraction::matmul(0), &i32s, &i32s, &i32s, None), Answer::Declined);
+    let f64s = Array::<f64>::zeros(DEV, &[2, 2]).unwrap();
+    assert_eq!(host.contract(&Contraction::matmul(0), &o, &f64s, &o, None), Answer::WrongDtype);
+    let o3 = Array::<f32>::zeros(DEV, &[3, 2]).unwrap();
+    assert_eq!(host.contract(&Contraction::matmul(0), &o, &o3, &o, None), Answer::ShapeMismatch);
+    // in place: init identical to dst
+    let acc = Array::<f32>::from_vec(DEV, &[2, 2], vec![1.0; 4]).unwrap();
+    let eye = Array::<f32>::from_vec(DEV, &[2, 2], vec![1.0, 0.0, 0.0, 1.0]).unwrap();
+    assert_eq!(host.contract(&Contraction::matmul(0), &acc, &eye, &eye, Some(&acc.clone())), Answer::Done);
+    assert_eq!(acc.to_vec().unwrap(), [2.0, 1.0, 1.0, 2.0]);
+}
