@@ -304,8 +304,8 @@ fn gamma(k: f64, u: f64) -> f64 {
 
 /// The library's stated bound on a Sum of n terms.
 fn sum_bound(n: usize, u: f64) -> f64 {
-    let c = n.min(256);
-    let p = n.div_ceil(256).max(1);
+    let c = n.min(2048);
+    let p = n.div_ceil(2048).max(1);
     gamma((c.div_ceil(8) + 2) as f64 + (p as f64).log2().ceil(), u)
 }
 

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod show;
 
 /// nx: a distributed SPMD tensor framework.
@@ -20,6 +21,15 @@ enum Command {
     Show(show::ShowArgs),
     /// Plan a change of placement: steps, groups and bytes per device.
     Plan(show::PlanArgs),
+    /// Benchmarks, each against a physical limit or a peer measured in the same run.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand, Debug)]
+enum Bench {
+    /// Host kernels: maps, sums and matmuls against the copy bandwidth and numpy.
+    Kernels(bench::KernelArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +51,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Show(a) => show::show(&a),
         Command::Plan(a) => show::plan(&a),
+        Command::Bench(Bench::Kernels(a)) => bench::kernels(&a),
     };
     match result {
         Ok(text) => {

@@ -98,3 +98,21 @@ fn bad_input_is_one_clear_line_and_a_failure() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn bench_kernels_reports_ratios_as_json() {
+    let o =
+        nx(&["bench", "kernels", "--size", "65536", "--matmul", "64", "--repeats", "1", "--python", "none", "--json"]);
+    let text = stdout(&o);
+    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "copy");
+    assert!(names.iter().any(|n| n.starts_with("fused")), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("matmul bf16")), "{names:?}");
+    for r in &rows[1..5] {
+        assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["unit"], "GB/s");
+    }
+    // without numpy the matmuls have no limit, and say so with nulls
+    assert!(rows.last().unwrap()["limit"].is_null());
+}

@@ -1,7 +1,7 @@
 //! Evaluating a program over blocks of a loop's flat indices.
 
 use crate::door::Operand;
-use crate::host::reg::{self, Reg};
+use crate::host::reg::{self, Reg, Src};
 use crate::layout::{numel, Layout, Move};
 use crate::prog::{Node, Prog, Ty};
 use crate::{Answer, Dtype};
@@ -44,6 +44,8 @@ pub(crate) struct Bound<'p> {
     axis_of: Vec<usize>,
     sources: Vec<Source>,
     live: Vec<bool>,
+    /// Per node: a load read in place (a contiguous source needing no conversion).
+    direct: Vec<bool>,
 }
 
 /// The loop positions of flat indices `start..start + len` of a layout over `shape`.
@@ -129,7 +131,22 @@ impl<'p> Bound<'p> {
                 _ => {}
             }
         }
-        Ok(Bound { prog, shape: loop_shape, axis_of, sources, live })
+        let direct = prog
+            .nodes
+            .iter()
+            .map(|(n, _)| match n {
+                Node::Load(j) => {
+                    let s = &sources[*j];
+                    s.contiguous
+                        && matches!(
+                            s.dtype,
+                            Dtype::F32 | Dtype::F64 | Dtype::I64 | Dtype::U64 | Dtype::C64 | Dtype::C128
+                        )
+                }
+                _ => false,
+            })
+            .collect();
+        Ok(Bound { prog, shape: loop_shape, axis_of, sources, live, direct })
     }
 
     /// The loop's number of indices.
@@ -142,9 +159,24 @@ impl<'p> Bound<'p> {
         self.prog.nodes.iter().map(|(_, t)| Reg::new(*t, cap)).collect()
     }
 
-    /// The register of output `i`.
-    pub(crate) fn output<'r>(&self, regs: &'r [Reg], i: usize) -> &'r Reg {
-        &regs[self.prog.outputs[i].0]
+    /// Node `k`'s values at flat indices `start..start + len` after [`Bound::eval`] of that block:
+    /// its register, or the memory of a load read in place.
+    pub(crate) fn view<'r>(&'r self, regs: &'r [Reg], k: usize, start: usize, len: usize) -> Src<'r> {
+        if self.direct[k] {
+            let Node::Load(j) = self.prog.nodes[k].0 else { unreachable!("direct nodes are loads") };
+            let s = &self.sources[j];
+            let p = s.base.at(s.dtype, s.layout.offset() + start as isize);
+            // SAFETY: the door's claims outlive the kernel call, and with it every view; a
+            // contiguous source holds this run.
+            unsafe { Src::memory(s.dtype, p, len).expect("direct dtypes are held in place") }
+        } else {
+            regs[k].view()
+        }
+    }
+
+    /// Output `i`'s values at flat indices `start..start + len` after [`Bound::eval`].
+    pub(crate) fn output<'r>(&'r self, regs: &'r [Reg], i: usize, start: usize, len: usize) -> Src<'r> {
+        self.view(regs, self.prog.outputs[i].0, start, len)
     }
 
     /// The compute type of output `i`.
@@ -158,7 +190,7 @@ impl<'p> Bound<'p> {
     /// The door's claims on every load must be held.
     pub(crate) unsafe fn eval(&self, start: usize, len: usize, regs: &mut [Reg]) {
         for i in 0..regs.len() {
-            if !self.live[i] {
+            if !self.live[i] || self.direct[i] {
                 continue;
             }
             let (done, rest) = regs.split_at_mut(i);
@@ -175,13 +207,18 @@ impl<'p> Bound<'p> {
                         unsafe { reg::load(s.dtype, s.base.0, &mut Walk::new(&s.layout, start, len), out) }
                     }
                 }
+                // A constant's register keeps its values from block to block.
                 Node::Const(c) => {
-                    out.clear();
-                    out.fill(*c, len);
+                    if out.view().len() != len {
+                        out.clear();
+                        out.fill(*c, len);
+                    }
                 }
                 Node::Weak(s) => {
-                    out.clear();
-                    out.fill(crate::prog::scalar_value(*s), len);
+                    if out.view().len() != len {
+                        out.clear();
+                        out.fill(crate::prog::scalar_value(*s), len);
+                    }
                 }
                 Node::Coord(a) => {
                     let axis = self.axis_of[*a];
@@ -191,11 +228,20 @@ impl<'p> Bound<'p> {
                     v.clear();
                     v.extend((start..start + len).map(|f| ((f / inner.max(1)) % n) as i64));
                 }
-                Node::Unary(op, x) => reg::unary(*op, &done[x.0], out),
-                Node::Binary(op, x, y) => reg::binary(*op, &done[x.0], &done[y.0], out),
-                Node::Compare(op, x, y) => reg::compare(*op, &done[x.0], &done[y.0], out),
-                Node::Select(c, x, y) => reg::select(&done[c.0], &done[x.0], &done[y.0], out),
-                Node::Cast(d, x) => reg::cast(&done[x.0], *d, out),
+                Node::Unary(op, x) => reg::unary(*op, self.view(done, x.0, start, len), out),
+                Node::Binary(op, x, y) => {
+                    reg::binary(*op, self.view(done, x.0, start, len), self.view(done, y.0, start, len), out)
+                }
+                Node::Compare(op, x, y) => {
+                    reg::compare(*op, self.view(done, x.0, start, len), self.view(done, y.0, start, len), out)
+                }
+                Node::Select(c, x, y) => reg::select(
+                    self.view(done, c.0, start, len),
+                    self.view(done, x.0, start, len),
+                    self.view(done, y.0, start, len),
+                    out,
+                ),
+                Node::Cast(d, x) => reg::cast(self.view(done, x.0, start, len), *d, out),
             }
         }
     }

@@ -9,7 +9,9 @@ use crate::prog::{map_refusal, Prog};
 use crate::Answer;
 
 const TASK: usize = 1 << 16;
-const BLOCK: usize = 1024;
+const BLOCK: usize = 2048;
+/// Output bytes from which a map stores with streaming stores.
+const STREAM_MIN: usize = 8 << 20;
 
 pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[&dyn Operand]) -> Answer {
     let dt: Vec<_> = dsts.iter().map(|d| d.dtype()).collect();
@@ -32,6 +34,10 @@ pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[
         let outs: Vec<(Ptr, isize, crate::Dtype)> =
             dsts.iter().map(|d| (Ptr::of(*d), d.layout().offset(), d.dtype())).collect();
         let n = bound.numel();
+        // Outputs far past the caches go to memory with streaming stores: their lines are not read
+        // first, and do not evict the operands.
+        let out_bytes: usize = dsts.iter().map(|d| d.dtype().size() * n).sum();
+        let streaming = out_bytes >= STREAM_MIN;
         (0..n.div_ceil(TASK)).into_par_iter().for_each(|t| {
             let mut regs = bound.registers(BLOCK);
             let end = ((t + 1) * TASK).min(n);
@@ -43,10 +49,13 @@ pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[
                 unsafe {
                     bound.eval(start, len, &mut regs);
                     for (i, &(p, off, d)) in outs.iter().enumerate() {
-                        reg::store(bound.output(&regs, i), d, p.at(d, off + start as isize));
+                        reg::store(bound.output(&regs, i, start, len), d, p.at(d, off + start as isize), streaming);
                     }
                 }
                 start += len;
+            }
+            if streaming {
+                reg::fence();
             }
         });
         Answer::Done

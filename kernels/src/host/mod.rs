@@ -17,10 +17,11 @@
 //! # Algorithms
 //!
 //! - **Loops** run in tasks of 2¹⁶ flat indices over the rayon pool, each evaluating the program
-//!   over blocks of 1024 indices held in typed registers (one per node), so a chain of maps reads
-//!   and writes memory once. Contiguous `f32`/`f64` runs load by `memcpy`.
+//!   over blocks of 2048 indices held in typed registers (one per node), so a chain of maps reads
+//!   and writes memory once. A load of a contiguous operand that needs no conversion (`f32`, `f64`,
+//!   `i64`, `u64`, `c64`, `c128`) is read in place; other loads convert into a register.
 //! - **Reductions** number each output's terms in C order of the reduced axes and cut them into
-//!   chunks of 256. A `Sum` chunk adds term `i` into lane `i mod 8` (each lane from +0), then adds
+//!   chunks of 2048. A `Sum` chunk adds term `i` into lane `i mod 8` (each lane from +0), then adds
 //!   the lanes as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`; a `Prod` chunk multiplies left to right
 //!   from its first term; chunks combine by a pairwise tree (the first ⌈p/2⌉ rounded up to a power
 //!   of two, then the rest). `Logsumexp` keeps per chunk the maximum m and Σ exp(x − m) in `f64`
@@ -37,7 +38,7 @@
 //! u is the unit roundoff of the carrier (`f32`: 2⁻²⁴, `f64`: 2⁻⁵³; halves sum in `f32`) and
 //! γ(k) = k·u/(1 − k·u).
 //!
-//! - A `Sum` of n terms is within γ(⌈c/8⌉ + 2 + ⌈log₂ p⌉)·Σ|x| of the exact sum, c = min(n, 256)
+//! - A `Sum` of n terms is within γ(⌈c/8⌉ + 2 + ⌈log₂ p⌉)·Σ|x| of the exact sum, c = min(n, 2048)
 //!   terms a chunk and p chunks: far inside the contract's γ(n − 1)·Σ|x|. A `Prod` is within a
 //!   relative γ(n − 1).
 //! - `Logsumexp` is within about (n + 3)·u₆₄ + u of the exact value, u₆₄ = 2⁻⁵³ and u the rounding

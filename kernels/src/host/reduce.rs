@@ -4,7 +4,7 @@ use num_complex::{Complex32, Complex64};
 use rayon::prelude::*;
 
 use super::eval::{Bound, Ptr};
-use super::reg::{dispatch_dtype, float_max, float_min, Reg};
+use super::reg::{dispatch_dtype, float_max, float_min, Reg, Src};
 use super::through_door;
 use crate::door::Operand;
 use crate::kernels::{Extreme, Reduction};
@@ -13,7 +13,7 @@ use crate::prog::{reduce_refusal, Prog, Ty};
 use crate::{Answer, Dtype, Element, Value};
 
 /// Terms a chunk holds.
-pub(crate) const CHUNK: usize = 256;
+pub(crate) const CHUNK: usize = 2048;
 
 /// What reductions need of a term type.
 trait Term: Copy + Send + Sync + 'static {
@@ -214,6 +214,7 @@ fn sum_chunk<T: Term>(xs: &[T]) -> T {
     let mut l = [T::ZERO; 8];
     let mut it = xs.chunks_exact(8);
     for c in &mut it {
+        let c: &[T; 8] = c.try_into().expect("chunks of 8");
         for k in 0..8 {
             l[k] = l[k].add(c[k]);
         }
@@ -309,14 +310,13 @@ fn combine<T: Term>(r: Reduction, a: Partial<T>, b: Partial<T>) -> Partial<T> {
 
 /// Combines partials in the fixed pairwise tree: the first half rounded up to a power of two, then
 /// the rest.
-fn tree<T: Term>(r: Reduction, mut ps: Vec<Partial<T>>) -> Option<Partial<T>> {
+fn tree<T: Term>(r: Reduction, ps: &[Partial<T>]) -> Option<Partial<T>> {
     match ps.len() {
         0 => None,
-        1 => ps.pop(),
+        1 => Some(ps[0]),
         n => {
             let h = n.next_power_of_two() / 2;
-            let right = ps.split_off(h);
-            Some(combine(r, tree(r, ps)?, tree(r, right)?))
+            Some(combine(r, tree(r, &ps[..h])?, tree(r, &ps[h..])?))
         }
     }
 }
@@ -375,24 +375,24 @@ enum AnyPartial {
     Z(Partial<Complex64>),
 }
 
-fn chunk_any(r: Reduction, reg: &Reg, range: std::ops::Range<usize>, base: i64) -> AnyPartial {
-    match reg {
-        Reg::B(v) => AnyPartial::B(chunk(r, &v[range], base)),
-        Reg::I(v) => AnyPartial::I(chunk(r, &v[range], base)),
-        Reg::U(v) => AnyPartial::U(chunk(r, &v[range], base)),
-        Reg::F(v) => AnyPartial::F(chunk(r, &v[range], base)),
-        Reg::D(v) => AnyPartial::D(chunk(r, &v[range], base)),
-        Reg::C(v) => AnyPartial::C(chunk(r, &v[range], base)),
-        Reg::Z(v) => AnyPartial::Z(chunk(r, &v[range], base)),
+fn chunk_any(r: Reduction, src: Src<'_>, base: i64) -> AnyPartial {
+    match src {
+        Src::B(v) => AnyPartial::B(chunk(r, v, base)),
+        Src::I(v) => AnyPartial::I(chunk(r, v, base)),
+        Src::U(v) => AnyPartial::U(chunk(r, v, base)),
+        Src::F(v) => AnyPartial::F(chunk(r, v, base)),
+        Src::D(v) => AnyPartial::D(chunk(r, v, base)),
+        Src::C(v) => AnyPartial::C(chunk(r, v, base)),
+        Src::Z(v) => AnyPartial::Z(chunk(r, v, base)),
     }
 }
 
-fn finish_any(r: Reduction, ty: Ty, ps: Vec<AnyPartial>) -> (Value, Option<Value>) {
+fn finish_any(r: Reduction, ty: Ty, ps: impl Iterator<Item = AnyPartial>) -> (Value, Option<Value>) {
     macro_rules! go {
         ($v:ident, $t:ty) => {{
             let typed: Vec<Partial<$t>> =
-                ps.into_iter().map(|p| if let AnyPartial::$v(p) = p { p } else { unreachable!("one type") }).collect();
-            finish::<$t>(r, tree(r, typed))
+                ps.map(|p| if let AnyPartial::$v(p) = p { p } else { unreachable!("one type") }).collect();
+            finish::<$t>(r, tree(r, &typed))
         }};
     }
     match ty {
@@ -429,29 +429,33 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Partials of every reduction over the loop's flat indices `start..start + len`, which are
-    /// terms `base..base + len` of one output, held in `regs[off..off + len]` after evaluation.
-    fn partials(&self, regs: &[Reg], off: usize, len: usize, base: usize) -> Vec<AnyPartial> {
-        self.reductions
-            .iter()
-            .enumerate()
-            .map(|(i, &r)| chunk_any(r, self.bound.output(regs, i), off..off + len, base as i64))
-            .collect()
+    /// Appends the partials of every reduction over terms `base..base + len` of one output, which
+    /// lie at `off..off + len` of the block of `block` flat indices from `start` just evaluated.
+    #[allow(clippy::too_many_arguments)]
+    fn partials(
+        &self,
+        regs: &[Reg],
+        (start, block): (usize, usize),
+        off: usize,
+        len: usize,
+        base: usize,
+        out: &mut Vec<AnyPartial>,
+    ) {
+        for (i, &r) in self.reductions.iter().enumerate() {
+            let src = self.bound.output(regs, i, start, block).slice(off..off + len);
+            out.push(chunk_any(r, src, base as i64));
+        }
     }
 
-    /// Finishes output `o` from its partials (one vector per chunk) and writes it.
+    /// Finishes output `o` from its partials (chunk-major: every reduction's partial of chunk 0,
+    /// then of chunk 1, …) and writes it.
     ///
     /// # Safety
     /// The door's claims are held; no other task writes output `o`.
-    unsafe fn write(&self, o: usize, per_chunk: Vec<Vec<AnyPartial>>) {
-        let mut by_red: Vec<Vec<AnyPartial>> = vec![Vec::with_capacity(per_chunk.len()); self.reductions.len()];
-        for ps in per_chunk {
-            for (i, p) in ps.into_iter().enumerate() {
-                by_red[i].push(p);
-            }
-        }
-        for (i, ps) in by_red.into_iter().enumerate() {
-            let (v, w) = finish_any(self.reductions[i], self.bound.output_ty(i), ps);
+    unsafe fn write(&self, o: usize, flat: &[AnyPartial]) {
+        let n = self.reductions.len();
+        for (i, &r) in self.reductions.iter().enumerate() {
+            let (v, w) = finish_any(r, self.bound.output_ty(i), flat.iter().skip(i).step_by(n).copied());
             let dsts = &self.outs[i];
             // SAFETY: the caller's contract.
             unsafe {
@@ -463,18 +467,25 @@ impl Job<'_> {
         }
     }
 
-    /// Output `o`'s partials, chunk `j`.
+    /// Output `o`'s partials for chunks `j0..j1`, evaluated as one block.
     ///
     /// # Safety
     /// The door's claims are held.
-    unsafe fn chunk(&self, regs: &mut [Reg], o: usize, j: usize) -> Vec<AnyPartial> {
-        let start = j * CHUNK;
-        let len = CHUNK.min(self.terms - start);
+    unsafe fn chunks(&self, regs: &mut [Reg], o: usize, j0: usize, j1: usize, out: &mut Vec<AnyPartial>) {
+        let start = j0 * CHUNK;
+        let end = (j1 * CHUNK).min(self.terms);
         // SAFETY: the caller's contract.
-        unsafe { self.bound.eval(o * self.terms + start, len, regs) };
-        self.partials(regs, 0, len, start)
+        unsafe { self.bound.eval(o * self.terms + start, end - start, regs) };
+        let block = (o * self.terms + start, end - start);
+        for j in j0..j1 {
+            let lo = j * CHUNK;
+            self.partials(regs, block, lo - start, CHUNK.min(self.terms - lo), lo, out);
+        }
     }
 }
+
+/// Chunks evaluated together (the association stays per chunk).
+const GROUP: usize = 4;
 
 pub(crate) fn reduce(
     prog: &Prog,
@@ -530,7 +541,7 @@ pub(crate) fn reduce(
         let job = Job { bound: &bound, reductions, outs, terms };
         if terms == 0 {
             // SAFETY: the door holds the claims; each output is written once.
-            (0..outputs).for_each(|o| unsafe { job.write(o, Vec::new()) });
+            (0..outputs).for_each(|o| unsafe { job.write(o, &[]) });
         } else if terms <= CHUNK {
             // Whole outputs per block: each output is one chunk.
             let per = (1024 / terms).max(1);
@@ -540,32 +551,50 @@ pub(crate) fn reduce(
                 // SAFETY: the door holds the claims; this task writes outputs o0..o1 alone.
                 unsafe {
                     bound.eval(o0 * terms, (o1 - o0) * terms, &mut regs);
+                    let mut ps = Vec::with_capacity(reductions.len());
                     for o in o0..o1 {
-                        let ps = job.partials(&regs, (o - o0) * terms, terms, 0);
-                        job.write(o, vec![ps]);
+                        ps.clear();
+                        job.partials(&regs, (o0 * terms, (o1 - o0) * terms), (o - o0) * terms, terms, 0, &mut ps);
+                        job.write(o, &ps);
                     }
                 }
             });
         } else {
             let chunks = terms.div_ceil(CHUNK);
+            let groups = chunks.div_ceil(GROUP);
+            let span = |g: usize| (g * GROUP, ((g + 1) * GROUP).min(chunks));
             if outputs >= 2 * rayon::current_num_threads() {
                 (0..outputs).into_par_iter().for_each_init(
-                    || bound.registers(CHUNK),
+                    || (bound.registers(CHUNK * GROUP), Vec::with_capacity(chunks * reductions.len())),
                     // SAFETY: the door holds the claims; this task writes output o alone.
-                    |regs, o| unsafe {
-                        let ps = (0..chunks).map(|j| job.chunk(regs, o, j)).collect();
+                    |(regs, ps), o| unsafe {
+                        ps.clear();
+                        for g in 0..groups {
+                            let (j0, j1) = span(g);
+                            job.chunks(regs, o, j0, j1, ps);
+                        }
                         job.write(o, ps);
                     },
                 );
             } else {
                 for o in 0..outputs {
-                    let ps: Vec<Vec<AnyPartial>> = (0..chunks)
+                    let ps: Vec<AnyPartial> = (0..groups)
                         .into_par_iter()
-                        // SAFETY: the door holds the claims; chunks only read.
-                        .map_init(|| bound.registers(CHUNK), |regs, j| unsafe { job.chunk(regs, o, j) })
+                        .with_min_len(32)
+                        .map_init(
+                            || bound.registers(CHUNK * GROUP),
+                            // SAFETY: the door holds the claims; chunks only read.
+                            |regs, g| unsafe {
+                                let (j0, j1) = span(g);
+                                let mut out = Vec::with_capacity((j1 - j0) * reductions.len());
+                                job.chunks(regs, o, j0, j1, &mut out);
+                                out
+                            },
+                        )
+                        .flatten_iter()
                         .collect();
                     // SAFETY: as above; output o is written once.
-                    unsafe { job.write(o, ps) };
+                    unsafe { job.write(o, &ps) };
                 }
             }
         }

@@ -7,6 +7,51 @@ use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
 use crate::prog::{BinOp, CmpOp, Ty, UnOp};
 use crate::{Dtype, Element, Value};
 
+/// Stores `src` at `dst` with non-temporal (streaming) stores where the platform has them: the
+/// lines go to memory without being read first. The caller ends its task with [`fence`].
+///
+/// # Safety
+/// `dst` points at `src.len()` writable, aligned elements under an exclusive claim.
+pub(crate) unsafe fn stream<T: Copy>(src: &[T], dst: *mut T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let bytes = std::mem::size_of_val(src);
+        let (s, d) = (src.as_ptr().cast::<u8>(), dst.cast::<u8>());
+        let mut i = 0;
+        // SAFETY: the caller's contract; unaligned head and tail bytes are stored plainly, the
+        // 16-byte aligned middle with SSE2 streaming stores (x86-64's baseline).
+        unsafe {
+            while i < bytes && (d.add(i) as usize) % 16 != 0 {
+                d.add(i).write(s.add(i).read());
+                i += 1;
+            }
+            while i + 16 <= bytes {
+                _mm_stream_si128(d.add(i).cast::<__m128i>(), _mm_loadu_si128(s.add(i).cast::<__m128i>()));
+                i += 16;
+            }
+            while i < bytes {
+                d.add(i).write(s.add(i).read());
+                i += 1;
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
+    }
+}
+
+/// Orders this thread's streaming stores before what follows (an `sfence`).
+pub(crate) fn fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: sfence has no preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    }
+}
+
 /// Calls `$m!(T)` with the Rust type of dtype `$d`.
 macro_rules! dispatch_dtype {
     ($d:expr, $m:ident) => {
@@ -58,7 +103,91 @@ macro_rules! each {
     };
 }
 
+/// A block of values read in place: a register's, or memory's for a load that needs no
+/// conversion.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Src<'a> {
+    B(&'a [bool]),
+    I(&'a [i64]),
+    U(&'a [u64]),
+    F(&'a [f32]),
+    D(&'a [f64]),
+    C(&'a [Complex32]),
+    Z(&'a [Complex64]),
+}
+
+macro_rules! each_src {
+    ($r:expr, $v:ident => $body:expr) => {
+        match $r {
+            Src::B($v) => $body,
+            Src::I($v) => $body,
+            Src::U($v) => $body,
+            Src::F($v) => $body,
+            Src::D($v) => $body,
+            Src::C($v) => $body,
+            Src::Z($v) => $body,
+        }
+    };
+}
+
+impl<'a> Src<'a> {
+    pub(crate) fn len(&self) -> usize {
+        each_src!(self, v => v.len())
+    }
+
+    /// Element `i` as a [`Value`].
+    pub(crate) fn value(&self, i: usize) -> Value {
+        each_src!(self, v => v[i].to_value())
+    }
+
+    /// The elements `r`.
+    pub(crate) fn slice(self, r: std::ops::Range<usize>) -> Src<'a> {
+        match self {
+            Src::B(v) => Src::B(&v[r]),
+            Src::I(v) => Src::I(&v[r]),
+            Src::U(v) => Src::U(&v[r]),
+            Src::F(v) => Src::F(&v[r]),
+            Src::D(v) => Src::D(&v[r]),
+            Src::C(v) => Src::C(&v[r]),
+            Src::Z(v) => Src::Z(&v[r]),
+        }
+    }
+
+    /// `len` elements of dtype `d` at `p`, in place, where `d` is held without conversion
+    /// (`f32`, `f64`, `i64`, `u64`, `c64`, `c128`); `None` otherwise.
+    ///
+    /// # Safety
+    /// `p` points at `len` aligned elements of `d` under a claim that outlives `'a`.
+    pub(crate) unsafe fn memory(d: Dtype, p: *const u8, len: usize) -> Option<Src<'a>> {
+        // SAFETY: the caller's contract; every bit pattern of these types is a value.
+        unsafe {
+            Some(match d {
+                Dtype::F32 => Src::F(std::slice::from_raw_parts(p.cast(), len)),
+                Dtype::F64 => Src::D(std::slice::from_raw_parts(p.cast(), len)),
+                Dtype::I64 => Src::I(std::slice::from_raw_parts(p.cast(), len)),
+                Dtype::U64 => Src::U(std::slice::from_raw_parts(p.cast(), len)),
+                Dtype::C64 => Src::C(std::slice::from_raw_parts(p.cast(), len)),
+                Dtype::C128 => Src::Z(std::slice::from_raw_parts(p.cast(), len)),
+                _ => return None,
+            })
+        }
+    }
+}
+
 impl Reg {
+    /// The register's values, in place.
+    pub(crate) fn view(&self) -> Src<'_> {
+        match self {
+            Reg::B(v) => Src::B(v),
+            Reg::I(v) => Src::I(v),
+            Reg::U(v) => Src::U(v),
+            Reg::F(v) => Src::F(v),
+            Reg::D(v) => Src::D(v),
+            Reg::C(v) => Src::C(v),
+            Reg::Z(v) => Src::Z(v),
+        }
+    }
+
     pub(crate) fn new(ty: Ty, cap: usize) -> Reg {
         match ty {
             Ty::Bool => Reg::B(Vec::with_capacity(cap)),
@@ -71,17 +200,8 @@ impl Reg {
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
-        each!(self, v => v.len())
-    }
-
     pub(crate) fn clear(&mut self) {
         each!(self, v => v.clear())
-    }
-
-    /// Element `i` as a [`Value`].
-    pub(crate) fn value(&self, i: usize) -> Value {
-        each!(self, v => v[i].to_value())
     }
 
     /// Appends the constant `x` (a real part and an imaginary one) `n` times.
@@ -155,11 +275,11 @@ pub(crate) unsafe fn load_run(d: Dtype, src: *const u8, n: usize, out: &mut Reg)
 
 /// Stores `r` into `n = r.len()` consecutive elements of dtype `d` at `dst`, converting from the
 /// register's type by nx's rules (the same type keeps low bits of integers; another converts as
-/// [`crate::convert`] does).
+/// [`crate::convert`] does). `streaming` stores `f32` and `f64` runs with [`stream`].
 ///
 /// # Safety
 /// An exclusive claim on the destination must be held and `dst` must point at `r.len()` elements.
-pub(crate) unsafe fn store(r: &Reg, d: Dtype, dst: *mut u8) {
+pub(crate) unsafe fn store(r: Src<'_>, d: Dtype, dst: *mut u8, streaming: bool) {
     macro_rules! go {
         ($t:ty, $src:expr, $conv:expr) => {{
             let out = dst.cast::<$t>();
@@ -170,27 +290,35 @@ pub(crate) unsafe fn store(r: &Reg, d: Dtype, dst: *mut u8) {
         }};
     }
     match (r, d) {
-        (Reg::F(v), Dtype::F32) => {
+        (Src::F(v), Dtype::F32) if streaming => {
+            // SAFETY: the caller's contract.
+            unsafe { stream(v, dst.cast::<f32>()) }
+        }
+        (Src::D(v), Dtype::F64) if streaming => {
+            // SAFETY: the caller's contract.
+            unsafe { stream(v, dst.cast::<f64>()) }
+        }
+        (Src::F(v), Dtype::F32) => {
             // SAFETY: the caller's contract.
             unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), dst.cast::<f32>(), v.len()) }
         }
-        (Reg::D(v), Dtype::F64) => {
+        (Src::D(v), Dtype::F64) => {
             // SAFETY: the caller's contract.
             unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), dst.cast::<f64>(), v.len()) }
         }
-        (Reg::F(v), Dtype::F16) => go!(f16, v, f32_to_f16),
-        (Reg::F(v), Dtype::BF16) => go!(bf16, v, f32_to_bf16),
-        (Reg::B(v), Dtype::Bool) => go!(bool, v, |x| x),
-        (Reg::I(v), Dtype::I8) => go!(i8, v, |x| x as i8),
-        (Reg::I(v), Dtype::I16) => go!(i16, v, |x| x as i16),
-        (Reg::I(v), Dtype::I32) => go!(i32, v, |x| x as i32),
-        (Reg::I(v), Dtype::I64) => go!(i64, v, |x| x),
-        (Reg::U(v), Dtype::U8) => go!(u8, v, |x| x as u8),
-        (Reg::U(v), Dtype::U16) => go!(u16, v, |x| x as u16),
-        (Reg::U(v), Dtype::U32) => go!(u32, v, |x| x as u32),
-        (Reg::U(v), Dtype::U64) => go!(u64, v, |x| x),
-        (Reg::C(v), Dtype::C64) => go!(Complex32, v, |x| x),
-        (Reg::Z(v), Dtype::C128) => go!(Complex64, v, |x| x),
+        (Src::F(v), Dtype::F16) => go!(f16, v, f32_to_f16),
+        (Src::F(v), Dtype::BF16) => go!(bf16, v, f32_to_bf16),
+        (Src::B(v), Dtype::Bool) => go!(bool, v, |x| x),
+        (Src::I(v), Dtype::I8) => go!(i8, v, |x| x as i8),
+        (Src::I(v), Dtype::I16) => go!(i16, v, |x| x as i16),
+        (Src::I(v), Dtype::I32) => go!(i32, v, |x| x as i32),
+        (Src::I(v), Dtype::I64) => go!(i64, v, |x| x),
+        (Src::U(v), Dtype::U8) => go!(u8, v, |x| x as u8),
+        (Src::U(v), Dtype::U16) => go!(u16, v, |x| x as u16),
+        (Src::U(v), Dtype::U32) => go!(u32, v, |x| x as u32),
+        (Src::U(v), Dtype::U64) => go!(u64, v, |x| x),
+        (Src::C(v), Dtype::C64) => go!(Complex32, v, |x| x),
+        (Src::Z(v), Dtype::C128) => go!(Complex64, v, |x| x),
         _ => {
             macro_rules! slow {
                 ($t:ty) => {{
@@ -207,15 +335,15 @@ pub(crate) unsafe fn store(r: &Reg, d: Dtype, dst: *mut u8) {
 }
 
 /// `src` converted element by element to dtype `d` by nx's rules, held in `out` (of `Ty::of(d)`).
-pub(crate) fn cast(src: &Reg, d: Dtype, out: &mut Reg) {
+pub(crate) fn cast(src: Src<'_>, d: Dtype, out: &mut Reg) {
     out.clear();
     match (src, &mut *out, d) {
-        (Reg::F(s), Reg::D(o), Dtype::F64) => o.extend(s.iter().map(|&x| f64::from(x))),
-        (Reg::D(s), Reg::F(o), Dtype::F32) => o.extend(s.iter().map(|&x| x as f32)),
-        (Reg::I(s), Reg::F(o), Dtype::F32) => o.extend(s.iter().map(|&x| x as f32)),
-        (Reg::I(s), Reg::D(o), Dtype::F64) => o.extend(s.iter().map(|&x| x as f64)),
-        (Reg::F(s), Reg::F(o), Dtype::F32) => o.extend_from_slice(s),
-        (Reg::B(s), Reg::F(o), Dtype::F32) => o.extend(s.iter().map(|&x| f32::from(u8::from(x)))),
+        (Src::F(s), Reg::D(o), Dtype::F64) => o.extend(s.iter().map(|&x| f64::from(x))),
+        (Src::D(s), Reg::F(o), Dtype::F32) => o.extend(s.iter().map(|&x| x as f32)),
+        (Src::I(s), Reg::F(o), Dtype::F32) => o.extend(s.iter().map(|&x| x as f32)),
+        (Src::I(s), Reg::D(o), Dtype::F64) => o.extend(s.iter().map(|&x| x as f64)),
+        (Src::F(s), Reg::F(o), Dtype::F32) => o.extend_from_slice(s),
+        (Src::B(s), Reg::F(o), Dtype::F32) => o.extend(s.iter().map(|&x| f32::from(u8::from(x)))),
         _ => {
             let n = src.len();
             macro_rules! slow {
@@ -289,6 +417,7 @@ pub(crate) fn erf(x: f64) -> f64 {
     }
 }
 
+#[inline(always)]
 pub(crate) fn float_max<T: num_traits_lite::Float>(x: T, y: T) -> T {
     if x.is_nan() || y.is_nan() {
         T::nan()
@@ -305,6 +434,7 @@ pub(crate) fn float_max<T: num_traits_lite::Float>(x: T, y: T) -> T {
     }
 }
 
+#[inline(always)]
 pub(crate) fn float_min<T: num_traits_lite::Float>(x: T, y: T) -> T {
     if x.is_nan() || y.is_nan() {
         T::nan()
@@ -384,50 +514,64 @@ fn upow(mut base: u64, mut e: u64) -> u64 {
     acc
 }
 
+/// `o = f(s)` elementwise; `f` is a closure, inlined into the loop.
+#[inline(always)]
+fn map_into<T: Copy, U>(s: &[T], o: &mut Vec<U>, f: impl Fn(T) -> U) {
+    o.extend(s.iter().map(|&x| f(x)));
+}
+
+/// `o = f(a, b)` elementwise; `f` is a closure, inlined into the loop.
+#[inline(always)]
+fn zip_into<T: Copy, U>(a: &[T], b: &[T], o: &mut Vec<U>, f: impl Fn(T, T) -> U) {
+    let n = a.len().min(b.len());
+    o.extend(a[..n].iter().zip(&b[..n]).map(|(&x, &y)| f(x, y)));
+}
+
 /// `out = op x`.
-pub(crate) fn unary(op: UnOp, x: &Reg, out: &mut Reg) {
+pub(crate) fn unary(op: UnOp, x: Src<'_>, out: &mut Reg) {
     out.clear();
+    // One loop per op, each monomorphised and inlined, so that it vectorises.
     macro_rules! real {
         ($s:expr, $o:expr, $t:ty) => {{
-            let f: fn($t) -> $t = match op {
-                UnOp::Neg => |x| -x,
-                UnOp::Abs => |x| x.abs(),
-                UnOp::Exp => |x| x.exp(),
-                UnOp::Log => |x| x.ln(),
-                UnOp::Sqrt => |x| x.sqrt(),
-                UnOp::Rsqrt => |x| 1.0 / x.sqrt(),
-                UnOp::Tanh => |x| x.tanh(),
-                UnOp::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
-                UnOp::Sin => |x| x.sin(),
-                UnOp::Cos => |x| x.cos(),
-                UnOp::Erf => |x| erf(x as f64) as $t,
-                UnOp::Recip => |x| 1.0 / x,
-                UnOp::Floor => |x| x.floor(),
-                UnOp::Ceil => |x| x.ceil(),
+            let (s, o) = ($s, $o);
+            match op {
+                UnOp::Neg => map_into(s, o, |x: $t| -x),
+                UnOp::Abs => map_into(s, o, |x: $t| x.abs()),
+                UnOp::Exp => map_into(s, o, |x: $t| x.exp()),
+                UnOp::Log => map_into(s, o, |x: $t| x.ln()),
+                UnOp::Sqrt => map_into(s, o, |x: $t| x.sqrt()),
+                UnOp::Rsqrt => map_into(s, o, |x: $t| 1.0 / x.sqrt()),
+                UnOp::Tanh => map_into(s, o, |x: $t| x.tanh()),
+                UnOp::Sigmoid => map_into(s, o, |x: $t| 1.0 / (1.0 + (-x).exp())),
+                UnOp::Sin => map_into(s, o, |x: $t| x.sin()),
+                UnOp::Cos => map_into(s, o, |x: $t| x.cos()),
+                UnOp::Erf => map_into(s, o, |x: $t| erf(x as f64) as $t),
+                UnOp::Recip => map_into(s, o, |x: $t| 1.0 / x),
+                UnOp::Floor => map_into(s, o, |x: $t| x.floor()),
+                UnOp::Ceil => map_into(s, o, |x: $t| x.ceil()),
                 UnOp::Not => unreachable!("typed by Prog"),
-            };
-            $o.extend($s.iter().map(|&x| f(x)));
+            }
         }};
     }
     match (x, &mut *out) {
-        (Reg::F(s), Reg::F(o)) => real!(s, o, f32),
-        (Reg::D(s), Reg::D(o)) => real!(s, o, f64),
-        (Reg::I(s), Reg::I(o)) => o.extend(s.iter().map(|&x| match op {
+        (Src::F(s), Reg::F(o)) => real!(s, o, f32),
+        (Src::D(s), Reg::D(o)) => real!(s, o, f64),
+        (Src::I(s), Reg::I(o)) => o.extend(s.iter().map(|&x| match op {
             UnOp::Neg => x.wrapping_neg(),
             UnOp::Abs => x.wrapping_abs(),
             UnOp::Not => !x,
             _ => x,
         })),
-        (Reg::U(s), Reg::U(o)) => o.extend(s.iter().map(|&x| match op {
+        (Src::U(s), Reg::U(o)) => o.extend(s.iter().map(|&x| match op {
             UnOp::Neg => x.wrapping_neg(),
             UnOp::Not => !x,
             _ => x,
         })),
-        (Reg::B(s), Reg::B(o)) => o.extend(s.iter().map(|&x| !x)),
-        (Reg::C(s), Reg::F(o)) => o.extend(s.iter().map(|x| x.norm())),
-        (Reg::Z(s), Reg::D(o)) => o.extend(s.iter().map(|x| x.norm())),
-        (Reg::C(s), Reg::C(o)) => o.extend(s.iter().map(|&x| complex_unary32(op, x))),
-        (Reg::Z(s), Reg::Z(o)) => o.extend(s.iter().map(|&x| complex_unary64(op, x))),
+        (Src::B(s), Reg::B(o)) => o.extend(s.iter().map(|&x| !x)),
+        (Src::C(s), Reg::F(o)) => o.extend(s.iter().map(|x| x.norm())),
+        (Src::Z(s), Reg::D(o)) => o.extend(s.iter().map(|x| x.norm())),
+        (Src::C(s), Reg::C(o)) => o.extend(s.iter().map(|&x| complex_unary32(op, x))),
+        (Src::Z(s), Reg::Z(o)) => o.extend(s.iter().map(|&x| complex_unary64(op, x))),
         _ => unreachable!("typed by Prog"),
     }
 }
@@ -450,26 +594,26 @@ complex_unary!(complex_unary32, Complex32);
 complex_unary!(complex_unary64, Complex64);
 
 /// `out = x op y`, both of one type.
-pub(crate) fn binary(op: BinOp, x: &Reg, y: &Reg, out: &mut Reg) {
+pub(crate) fn binary(op: BinOp, x: Src<'_>, y: Src<'_>, out: &mut Reg) {
     out.clear();
     macro_rules! real {
         ($a:expr, $b:expr, $o:expr, $t:ty) => {{
-            let f: fn($t, $t) -> $t = match op {
-                BinOp::Add => |x, y| x + y,
-                BinOp::Sub => |x, y| x - y,
-                BinOp::Mul => |x, y| x * y,
-                BinOp::Div => |x, y| x / y,
-                BinOp::Pow => |x, y| x.powf(y),
-                BinOp::Max => float_max,
-                BinOp::Min => float_min,
-            };
-            $o.extend($a.iter().zip($b.iter()).map(|(&x, &y)| f(x, y)));
+            let (a, b, o) = ($a, $b, $o);
+            match op {
+                BinOp::Add => zip_into(a, b, o, |x: $t, y: $t| x + y),
+                BinOp::Sub => zip_into(a, b, o, |x: $t, y: $t| x - y),
+                BinOp::Mul => zip_into(a, b, o, |x: $t, y: $t| x * y),
+                BinOp::Div => zip_into(a, b, o, |x: $t, y: $t| x / y),
+                BinOp::Pow => zip_into(a, b, o, |x: $t, y: $t| x.powf(y)),
+                BinOp::Max => zip_into(a, b, o, float_max::<$t>),
+                BinOp::Min => zip_into(a, b, o, float_min::<$t>),
+            }
         }};
     }
     match (x, y, &mut *out) {
-        (Reg::F(a), Reg::F(b), Reg::F(o)) => real!(a, b, o, f32),
-        (Reg::D(a), Reg::D(b), Reg::D(o)) => real!(a, b, o, f64),
-        (Reg::I(a), Reg::I(b), Reg::I(o)) => {
+        (Src::F(a), Src::F(b), Reg::F(o)) => real!(a, b, o, f32),
+        (Src::D(a), Src::D(b), Reg::D(o)) => real!(a, b, o, f64),
+        (Src::I(a), Src::I(b), Reg::I(o)) => {
             let f: fn(i64, i64) -> i64 = match op {
                 BinOp::Add => i64::wrapping_add,
                 BinOp::Sub => i64::wrapping_sub,
@@ -481,7 +625,7 @@ pub(crate) fn binary(op: BinOp, x: &Reg, y: &Reg, out: &mut Reg) {
             };
             o.extend(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
         }
-        (Reg::U(a), Reg::U(b), Reg::U(o)) => {
+        (Src::U(a), Src::U(b), Reg::U(o)) => {
             let f: fn(u64, u64) -> u64 = match op {
                 BinOp::Add => u64::wrapping_add,
                 BinOp::Sub => u64::wrapping_sub,
@@ -493,11 +637,11 @@ pub(crate) fn binary(op: BinOp, x: &Reg, y: &Reg, out: &mut Reg) {
             };
             o.extend(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
         }
-        (Reg::B(a), Reg::B(b), Reg::B(o)) => {
+        (Src::B(a), Src::B(b), Reg::B(o)) => {
             o.extend(a.iter().zip(b).map(|(&x, &y)| if op == BinOp::Max { x | y } else { x & y }))
         }
-        (Reg::C(a), Reg::C(b), Reg::C(o)) => o.extend(a.iter().zip(b).map(|(&x, &y)| complex_binary(op, x, y))),
-        (Reg::Z(a), Reg::Z(b), Reg::Z(o)) => o.extend(a.iter().zip(b).map(|(&x, &y)| complex_binary(op, x, y))),
+        (Src::C(a), Src::C(b), Reg::C(o)) => o.extend(a.iter().zip(b).map(|(&x, &y)| complex_binary(op, x, y))),
+        (Src::Z(a), Src::Z(b), Reg::Z(o)) => o.extend(a.iter().zip(b).map(|(&x, &y)| complex_binary(op, x, y))),
         _ => unreachable!("typed by Prog"),
     }
 }
@@ -519,7 +663,7 @@ fn complex_binary<
 }
 
 /// `out = x op y` as booleans.
-pub(crate) fn compare(op: CmpOp, x: &Reg, y: &Reg, out: &mut Reg) {
+pub(crate) fn compare(op: CmpOp, x: Src<'_>, y: Src<'_>, out: &mut Reg) {
     let Reg::B(o) = out else { unreachable!("comparisons give booleans") };
     o.clear();
     macro_rules! ord {
@@ -535,20 +679,20 @@ pub(crate) fn compare(op: CmpOp, x: &Reg, y: &Reg, out: &mut Reg) {
         };
     }
     match (x, y) {
-        (Reg::B(a), Reg::B(b)) => ord!(a, b),
-        (Reg::I(a), Reg::I(b)) => ord!(a, b),
-        (Reg::U(a), Reg::U(b)) => ord!(a, b),
-        (Reg::F(a), Reg::F(b)) => ord!(a, b),
-        (Reg::D(a), Reg::D(b)) => ord!(a, b),
-        (Reg::C(a), Reg::C(b)) => o.extend(a.iter().zip(b).map(|(x, y)| (x == y) == (op == CmpOp::Eq))),
-        (Reg::Z(a), Reg::Z(b)) => o.extend(a.iter().zip(b).map(|(x, y)| (x == y) == (op == CmpOp::Eq))),
+        (Src::B(a), Src::B(b)) => ord!(a, b),
+        (Src::I(a), Src::I(b)) => ord!(a, b),
+        (Src::U(a), Src::U(b)) => ord!(a, b),
+        (Src::F(a), Src::F(b)) => ord!(a, b),
+        (Src::D(a), Src::D(b)) => ord!(a, b),
+        (Src::C(a), Src::C(b)) => o.extend(a.iter().zip(b).map(|(x, y)| (x == y) == (op == CmpOp::Eq))),
+        (Src::Z(a), Src::Z(b)) => o.extend(a.iter().zip(b).map(|(x, y)| (x == y) == (op == CmpOp::Eq))),
         _ => unreachable!("typed by Prog"),
     }
 }
 
 /// `out = c ? x : y`.
-pub(crate) fn select(c: &Reg, x: &Reg, y: &Reg, out: &mut Reg) {
-    let Reg::B(c) = c else { unreachable!("typed by Prog") };
+pub(crate) fn select(c: Src<'_>, x: Src<'_>, y: Src<'_>, out: &mut Reg) {
+    let Src::B(c) = c else { unreachable!("typed by Prog") };
     out.clear();
     macro_rules! pick {
         ($a:expr, $b:expr, $o:expr) => {
@@ -556,13 +700,13 @@ pub(crate) fn select(c: &Reg, x: &Reg, y: &Reg, out: &mut Reg) {
         };
     }
     match (x, y, &mut *out) {
-        (Reg::B(a), Reg::B(b), Reg::B(o)) => pick!(a, b, o),
-        (Reg::I(a), Reg::I(b), Reg::I(o)) => pick!(a, b, o),
-        (Reg::U(a), Reg::U(b), Reg::U(o)) => pick!(a, b, o),
-        (Reg::F(a), Reg::F(b), Reg::F(o)) => pick!(a, b, o),
-        (Reg::D(a), Reg::D(b), Reg::D(o)) => pick!(a, b, o),
-        (Reg::C(a), Reg::C(b), Reg::C(o)) => pick!(a, b, o),
-        (Reg::Z(a), Reg::Z(b), Reg::Z(o)) => pick!(a, b, o),
+        (Src::B(a), Src::B(b), Reg::B(o)) => pick!(a, b, o),
+        (Src::I(a), Src::I(b), Reg::I(o)) => pick!(a, b, o),
+        (Src::U(a), Src::U(b), Reg::U(o)) => pick!(a, b, o),
+        (Src::F(a), Src::F(b), Reg::F(o)) => pick!(a, b, o),
+        (Src::D(a), Src::D(b), Reg::D(o)) => pick!(a, b, o),
+        (Src::C(a), Src::C(b), Reg::C(o)) => pick!(a, b, o),
+        (Src::Z(a), Src::Z(b), Reg::Z(o)) => pick!(a, b, o),
         _ => unreachable!("typed by Prog"),
     }
 }

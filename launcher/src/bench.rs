@@ -1,0 +1,267 @@
+//! `nx bench kernels`: the host kernels against the memory-bandwidth limit and against numpy.
+
+use std::process::Command;
+use std::time::Instant;
+
+use nx::kernels::prog::Prog;
+use nx::kernels::{Array, Contraction, Dtype, Host, Kernels, Reduction};
+use nx::Device;
+use rayon::prelude::*;
+use serde::Serialize;
+
+/// Arguments of `nx bench kernels`.
+#[derive(clap::Args, Debug)]
+pub struct KernelArgs {
+    /// Elements of the map and sum arrays (f32).
+    #[arg(long, default_value_t = 1 << 24)]
+    size: usize,
+    /// Edge of the square matmuls.
+    #[arg(long, default_value_t = 2048)]
+    matmul: usize,
+    /// Timed runs of each measurement (the median is reported).
+    #[arg(long, default_value_t = 9)]
+    repeats: usize,
+    /// The Python that runs `benches/numpy_matmul.py` for the peer figure; `none` skips it.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// The numpy script.
+    #[arg(long, default_value = "benches/numpy_matmul.py")]
+    numpy_script: String,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One figure: `value` in `unit`, against `limit` (same unit), `ratio` = value / limit.
+#[derive(Serialize, Debug)]
+struct Row {
+    name: String,
+    value: f64,
+    unit: &'static str,
+    limit: Option<f64>,
+    ratio: Option<f64>,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Median seconds of `repeats` runs of `f`, after one untimed warm-up.
+fn time(repeats: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    median(
+        (0..repeats)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+type Error = Box<dyn std::error::Error>;
+
+fn numpy_gflops(a: &KernelArgs, repeats: usize) -> Result<(f64, String), String> {
+    if a.python == "none" {
+        return Err("skipped (--python none)".into());
+    }
+    let out = Command::new(&a.python)
+        .arg(&a.numpy_script)
+        .arg(a.matmul.to_string())
+        .arg(repeats.to_string())
+        .env_remove("OPENBLAS_CORETYPE")
+        .env_remove("OPENBLAS_L2_SIZE")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", a.python))?;
+    if !out.status.success() {
+        return Err(format!("{} {} failed: {}", a.python, a.numpy_script, String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let g = v["gflops"].as_f64().ok_or("no gflops in the numpy output")?;
+    Ok((g, format!("numpy {} on {}", v["numpy"], v["blas"])))
+}
+
+/// Runs the kernel benchmark; returns the report.
+pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
+    let dev = Device::sim(0);
+    let host = Host::new();
+    let n = a.size;
+    let r = a.repeats.max(1);
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+
+    let x = Array::<f32>::from_fn(dev, &[n], |i| (i[0] % 1000) as f32 * 1e-3)?;
+    let y = Array::<f32>::from_fn(dev, &[n], |i| (i[0] % 777) as f32 * 1e-3)?;
+    let b = Array::<f32>::from_fn(dev, &[n], |i| (i[0] % 333) as f32 * -1e-3)?;
+    let out = Array::<f32>::zeros(dev, &[n])?;
+    let out2 = Array::<f32>::zeros(dev, &[n])?;
+
+    let mut add = Prog::new(&[Dtype::F32, Dtype::F32]);
+    let (l0, l1) = (add.load(0), add.load(1));
+    let s = add.add(l0, l1);
+    add.output(s);
+
+    let mut chain = Prog::new(&[Dtype::F32, Dtype::F32, Dtype::F32]);
+    let (ca, cx, cb) = (chain.load(0), chain.load(1), chain.load(2));
+    let ax = chain.mul(ca, cx);
+    let yv = chain.add(ax, cb);
+    let zero = chain.float(0.0);
+    let z = chain.max(yv, zero);
+    chain.output(yv);
+    chain.output(z);
+
+    let mut ident = Prog::new(&[Dtype::F32]);
+    let l = ident.load(0);
+    ident.output(l);
+    let all = Array::<f32>::zeros(dev, &[])?;
+    let cols = 4096.min(n);
+    let rows_n = n / cols;
+    let x2 = x.apply(&nx::kernels::Move::Reshape(vec![rows_n, cols]))?.ok_or("reshape")?;
+    let per_row = Array::<f32>::zeros(dev, &[rows_n])?;
+
+    // The limit: a parallel copy, bytes read plus bytes written per second. Each repeat times the
+    // copy and then every kernel, so that each ratio compares runs seconds apart on this noisy
+    // machine; the medians of the values and of the per-repeat ratios are reported.
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; n];
+    let done = nx::kernels::Answer::Done;
+    let mut cases: Vec<(String, usize, Box<dyn FnMut()>)> = vec![
+        (
+            "sum (all elements)".into(),
+            n * 4,
+            Box::new(|| assert_eq!(host.reduce(&ident, &[n], &[0], &[Reduction::Sum], &[&all], &[&x]), done)),
+        ),
+        (
+            format!("sum (last axis of {rows_n}x{cols})"),
+            n * 4,
+            Box::new(|| {
+                assert_eq!(host.reduce(&ident, &[rows_n, cols], &[1], &[Reduction::Sum], &[&per_row], &[&x2]), done)
+            }),
+        ),
+        ("add".into(), 3 * n * 4, Box::new(|| assert_eq!(host.map(&add, &[n], &[&out], &[&x, &y]), done))),
+        (
+            "fused y=a*x+b, z=relu(y)".into(),
+            5 * n * 4,
+            Box::new(|| assert_eq!(host.map(&chain, &[n], &[&out, &out2], &[&x, &y, &b]), done)),
+        ),
+    ];
+    let mut copy_bw = Vec::new();
+    let mut values: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    // Before each timed run, an untimed read of an unrelated buffer: whatever the previous run
+    // left dirty in the caches is written back then, so each run starts from the same state.
+    let scrub: Vec<f32> = vec![1.0; 1 << 24];
+    let clean = || std::hint::black_box(scrub.par_chunks(1 << 16).map(|c| c.iter().sum::<f32>()).sum::<f32>());
+    for rep in 0..=r {
+        clean();
+        let t = Instant::now();
+        dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
+        let bw = (2 * n * 4) as f64 / t.elapsed().as_secs_f64();
+        for (i, (_, bytes, f)) in cases.iter_mut().enumerate() {
+            clean();
+            let t = Instant::now();
+            f();
+            let v = *bytes as f64 / t.elapsed().as_secs_f64();
+            if rep > 0 {
+                values[i].push(v / 1e9);
+                ratios[i].push(v / bw);
+            }
+        }
+        if rep > 0 {
+            copy_bw.push(bw / 1e9);
+        }
+    }
+    let bw = median(copy_bw);
+    rows.push(Row { name: "copy".into(), value: bw, unit: "GB/s", limit: None, ratio: None });
+    for (i, (name, _, _)) in cases.iter().enumerate() {
+        rows.push(Row {
+            name: name.clone(),
+            value: median(values[i].clone()),
+            unit: "GB/s",
+            limit: Some(bw),
+            ratio: Some(median(ratios[i].clone())),
+        });
+    }
+    drop(cases);
+
+    // Matmuls, interleaved with numpy's so that both see the same machine.
+    let m = a.matmul;
+    let mr = (r / 3).max(3);
+    let ma = Array::<f32>::from_fn(dev, &[m, m], |i| ((i[0] * 7 + i[1] * 3) % 17) as f32 * 0.1 - 0.8)?;
+    let mb = Array::<f32>::from_fn(dev, &[m, m], |i| ((i[0] * 5 + i[1]) % 13) as f32 * 0.1 - 0.6)?;
+    let mc = Array::<f32>::zeros(dev, &[m, m])?;
+    let flops = 2.0 * (m as f64).powi(3);
+    let (mut ours, mut peer) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        match numpy_gflops(a, mr) {
+            Ok((g, info)) => {
+                peer.push(g);
+                if round == 0 {
+                    notes.push(info);
+                }
+            }
+            Err(e) => {
+                if round == 0 {
+                    notes.push(format!("numpy peer: {e}"));
+                }
+            }
+        }
+        let t = time(mr, || {
+            assert_eq!(host.contract(&Contraction::matmul(0), &mc, &ma, &mb, None), nx::kernels::Answer::Done)
+        });
+        ours.push(flops / t / 1e9);
+    }
+    let peer_g = (!peer.is_empty()).then(|| median(peer));
+    let g = median(ours);
+    rows.push(Row {
+        name: format!("matmul f32 {m}^3"),
+        value: g,
+        unit: "GFLOP/s",
+        limit: peer_g,
+        ratio: peer_g.map(|p| g / p),
+    });
+    let ha = Array::<half::bf16>::from_fn(dev, &[m, m], |i| half::bf16::from_f32(((i[0] + i[1]) % 11) as f32 * 0.1))?;
+    let hb =
+        Array::<half::bf16>::from_fn(dev, &[m, m], |i| half::bf16::from_f32(((i[0] * 3 + i[1]) % 7) as f32 * 0.1))?;
+    let hc = Array::<half::bf16>::zeros(dev, &[m, m])?;
+    let t =
+        time(mr, || assert_eq!(host.contract(&Contraction::matmul(0), &hc, &ha, &hb, None), nx::kernels::Answer::Done));
+    let gb = flops / t / 1e9;
+    rows.push(Row {
+        name: format!("matmul bf16 {m}^3 (f32 accumulate)"),
+        value: gb,
+        unit: "GFLOP/s",
+        limit: peer_g,
+        ratio: peer_g.map(|p| gb / p),
+    });
+
+    if a.json {
+        return Ok(rows
+            .iter()
+            .map(|row| serde_json::to_string(row).expect("plain data"))
+            .collect::<Vec<_>>()
+            .join("\n"));
+    }
+    let mut text = format!(
+        "host kernels: {} threads, {} f32 elements ({} MiB an array), matmul {m}^3; medians of {r} runs\n",
+        rayon::current_num_threads(),
+        n,
+        n * 4 >> 20
+    );
+    text.push_str(&format!("{:<40} {:>10} {:<8} {:>10} {:>7}\n", "benchmark", "value", "unit", "limit", "ratio"));
+    for row in &rows {
+        let lim = row.limit.map_or("-".to_string(), |l| format!("{l:.1}"));
+        let ratio = row.ratio.map_or("-".to_string(), |x| format!("{x:.2}"));
+        text.push_str(&format!("{:<40} {:>10.1} {:<8} {:>10} {:>7}\n", row.name, row.value, row.unit, lim, ratio));
+    }
+    text.push_str("limits: maps and sums against the copy bandwidth (bytes read + written per second), timed\n");
+    text.push_str("        beside each kernel run, each run after an untimed scrub of the caches;\n");
+    text.push_str("        ratio = median over repeats of (kernel bytes/s) / (copy bytes/s)\n");
+    text.push_str("        matmuls against numpy's f32 matmul measured in the same run\n");
+    for note in notes {
+        text.push_str(&format!("peer: {note}\n"));
+    }
+    Ok(text.trim_end().to_string())
+}
