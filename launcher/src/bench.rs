@@ -63,6 +63,9 @@ fn time(repeats: usize, mut f: impl FnMut()) -> f64 {
 
 type Error = Box<dyn std::error::Error>;
 
+/// A timed kernel: its name, the bytes it moves, and the run.
+type Case<'a> = (String, usize, Box<dyn FnMut() + 'a>);
+
 fn numpy_gflops(a: &KernelArgs, repeats: usize) -> Result<(f64, String), String> {
     if a.python == "none" {
         return Err("skipped (--python none)".into());
@@ -127,7 +130,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let mut dst = vec![0f32; n];
     let done = nx::kernels::Answer::Done;
-    let mut cases: Vec<(String, usize, Box<dyn FnMut()>)> = vec![
+    let mut cases: Vec<Case<'_>> = vec![
         (
             "sum (all elements)".into(),
             n * 4,
@@ -248,7 +251,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
         "host kernels: {} threads, {} f32 elements ({} MiB an array), matmul {m}^3; medians of {r} runs\n",
         rayon::current_num_threads(),
         n,
-        n * 4 >> 20
+        (n * 4) >> 20
     );
     text.push_str(&format!("{:<40} {:>10} {:<8} {:>10} {:>7}\n", "benchmark", "value", "unit", "limit", "ratio"));
     for row in &rows {
