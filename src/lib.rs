@@ -4,9 +4,10 @@
 //!
 //! - [`mesh`]: devices, branded device sets and meshes;
 //! - [`placement`]: where a value's elements lie, and plans to move them;
-//! - [`kernels`]: local arrays, dtypes, layouts, buffers and the door.
+//! - [`kernels`]: local arrays, dtypes, layouts, buffers, the door and the host kernels;
+//! - [`collectives`]: communicators (the simulated backend) and the plan executor `place`.
 //!
-//! The collectives, `nx::launch` and distributed tensors are not built yet (see ARCHITECTURE.md).
+//! `nx::launch`, the MPI backend and distributed tensors are not built yet (see ARCHITECTURE.md).
 //!
 //! ```
 //! use nx::{Device, Devices, Dtype, Mesh, Placement};
@@ -21,6 +22,7 @@
 //! .unwrap();
 //! ```
 
+pub use nx_collectives as collectives;
 pub use nx_kernels as kernels;
 pub use nx_mesh as mesh;
 pub use nx_placement as placement;

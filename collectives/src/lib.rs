@@ -1,1 +1,255 @@
-//! nx collectives: communicators (sim, MPI, NCCL) and the executor of placement plans. Not built yet.
+//! Collectives for nx: communicators that move bytes between ranks, and the executor that runs a
+//! placement plan on each rank's window.
+//!
+//! [`Communicator`] is the contract every backend implements: rank, size, barrier, broadcast,
+//! all-reduce, reduce-scatter, all-gather and all-to-all (each with variable counts), send/recv,
+//! and `split` into a sub-communicator. Backends: [`sim`] (the ranks are threads of one process,
+//! reading each other's buffers where they lie) and, later, MPI and NCCL.
+//!
+//! **Determinism.** All-reduce and reduce-scatter add the terms in rank order (term order), rank 0
+//! first, in every backend and for every size: the same bits on every rank, every run. Halves add
+//! in `f32` and round once.
+//!
+//! **Checked mode.** Before each collective the ranks of the group agree on a [`Fingerprint`]
+//! (sequence number, op, dtype, counts, call site); a mismatch is an [`Error::Mismatch`] on every
+//! rank naming both sides, not a hang. A collective that waits past the timeout ends in
+//! [`Error::Timeout`] naming the ranks that did not arrive. Lengths, counts and dtypes are checked
+//! before any byte moves, checked mode or not.
+
+use std::fmt;
+use std::panic::Location;
+
+pub mod place;
+mod reduce;
+pub mod sim;
+
+pub use place::place;
+pub use reduce::{ReduceOp, Reducible};
+
+use nx_kernels::Dtype;
+
+/// What a rank called: the op, its dtype and counts, where, and its number in the communicator's
+/// sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// The collective's number on this communicator, from 0.
+    pub seq: u64,
+    /// The op (`all_reduce`, `all_gather`, …).
+    pub op: &'static str,
+    /// The element dtype (`None` for a barrier).
+    pub dtype: Option<Dtype>,
+    /// The counts the op was given (a length, or counts per rank).
+    pub counts: Vec<usize>,
+    /// The caller's source location.
+    pub site: &'static Location<'static>,
+}
+
+impl fmt::Display for Fingerprint {
+    /// `all_gather(f32, [4, 4]) at train.rs:42`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let file = self.site.file().rsplit(['/', '\\']).next().unwrap_or(self.site.file());
+        match self.dtype {
+            Some(d) => write!(f, "{}({d}, {:?}) at {file}:{}", self.op, self.counts, self.site.line()),
+            None => write!(f, "{}() at {file}:{}", self.op, self.site.line()),
+        }
+    }
+}
+
+impl Fingerprint {
+    /// Whether two ranks' calls agree: in checked mode everything, otherwise the op, the dtype and
+    /// the counts (what keeps bytes in bounds).
+    pub fn agrees(&self, other: &Fingerprint, checked: bool) -> bool {
+        let shape = self.op == other.op && self.dtype == other.dtype && self.counts == other.counts;
+        if checked {
+            shape && self.seq == other.seq && self.site == other.site
+        } else {
+            shape
+        }
+    }
+}
+
+/// The errors of collectives. Each message names the function and the offending values.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Two ranks of a group called different collectives (or the same one differently).
+    #[error("nx collective mismatch: rank {rank_a} called {call_a}; rank {rank_b} called {call_b}")]
+    Mismatch {
+        /// The first rank.
+        rank_a: usize,
+        /// Its call.
+        call_a: String,
+        /// The other rank.
+        rank_b: usize,
+        /// Its call.
+        call_b: String,
+    },
+    /// A collective waited past the timeout.
+    #[error("nx collective timeout: {call} on rank {rank} waited {waited_s:.1} s for ranks {missing:?}, which did not arrive")]
+    Timeout {
+        /// This rank.
+        rank: usize,
+        /// What it called.
+        call: String,
+        /// Seconds waited.
+        waited_s: f64,
+        /// The world ranks that did not arrive.
+        missing: Vec<usize>,
+    },
+    /// Another rank failed or exited while this one waited for it.
+    #[error("nx collective: {call} on rank {rank} cannot finish: rank {peer} {why}")]
+    PeerGone {
+        /// This rank.
+        rank: usize,
+        /// What it called.
+        call: String,
+        /// The rank that failed or left.
+        peer: usize,
+        /// What happened to it.
+        why: String,
+    },
+    /// Arguments that do not fit (lengths, counts, a root or peer out of range).
+    #[error("{func}: {why}")]
+    Invalid {
+        /// The function called.
+        func: &'static str,
+        /// What does not fit, with the values.
+        why: String,
+    },
+    /// A rank's body failed; the root cause of a run.
+    #[error("rank {rank} failed: {why}")]
+    RankFailed {
+        /// The rank.
+        rank: usize,
+        /// Its error or panic message.
+        why: String,
+    },
+    /// A placement error.
+    #[error(transparent)]
+    Placement(#[from] nx_placement::Error),
+    /// A local-array error.
+    #[error(transparent)]
+    Kernels(#[from] nx_kernels::Error),
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The collectives contract. All ranks of a communicator call its collectives in the same order;
+/// each call checks lengths and counts before any byte moves.
+///
+/// Methods are `#[track_caller]`: the call site goes into the fingerprint.
+pub trait Communicator: Sized {
+    /// This rank's number in the communicator.
+    fn rank(&self) -> usize;
+    /// The number of ranks.
+    fn size(&self) -> usize;
+    /// The backend's name (`sim`, `mpi`).
+    fn backend(&self) -> &'static str;
+    /// This rank's number in the world (for messages).
+    fn world_rank(&self) -> usize;
+
+    /// Waits until every rank arrives.
+    ///
+    /// # Errors
+    /// [`Error::Mismatch`], [`Error::Timeout`], [`Error::PeerGone`].
+    #[track_caller]
+    fn barrier(&self) -> Result<()>;
+
+    /// Copies `root`'s `buf` into every rank's `buf` (all of one length).
+    ///
+    /// # Errors
+    /// As [`Communicator::barrier`]; [`Error::Invalid`] for a root past the size.
+    #[track_caller]
+    fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> Result<()>;
+
+    /// `recv` = the reduction by `op` of every rank's `send`, in rank order (term order), on every
+    /// rank.
+    ///
+    /// # Errors
+    /// As [`Communicator::barrier`]; [`Error::Invalid`] where `send` and `recv` differ in length.
+    #[track_caller]
+    fn all_reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()>;
+
+    /// Rank r's `recv` (of `counts[r]` elements) = the reduction in rank order of block r of every
+    /// rank's `send` (the blocks of `counts`, in order).
+    ///
+    /// # Errors
+    /// As [`Communicator::all_reduce`]; [`Error::Invalid`] where the lengths do not fit `counts`.
+    #[track_caller]
+    fn reduce_scatter_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: ReduceOp) -> Result<()>;
+
+    /// Every rank's `recv` = the ranks' `send`s in rank order, rank r's of `counts[r]` elements.
+    ///
+    /// # Errors
+    /// As [`Communicator::barrier`]; [`Error::Invalid`] where the lengths do not fit `counts`.
+    #[track_caller]
+    fn all_gather_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()>;
+
+    /// Each rank sends block j of `send` (of `send_counts[j]` elements) to rank j, which receives
+    /// it as block i of its `recv` (of its `recv_counts[i]` elements), i the sender.
+    ///
+    /// # Errors
+    /// As [`Communicator::barrier`]; [`Error::Mismatch`] where a sender's count and its
+    /// receiver's disagree; [`Error::Invalid`] where lengths do not fit the counts.
+    #[track_caller]
+    fn all_to_all_v<T: Reducible>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()>;
+
+    /// Sends `buf` to rank `to`, which receives it with [`Communicator::recv`] (synchronous).
+    ///
+    /// # Errors
+    /// [`Error::Mismatch`] for a receiver expecting another dtype or length; as
+    /// [`Communicator::barrier`].
+    #[track_caller]
+    fn send<T: Reducible>(&self, buf: &[T], to: usize) -> Result<()>;
+
+    /// Receives into `buf` what rank `from` sends.
+    ///
+    /// # Errors
+    /// As [`Communicator::send`].
+    #[track_caller]
+    fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()>;
+
+    /// The sub-communicator of the ranks that give the same `color`, numbered by `key` (ties by
+    /// rank); `None` for a rank giving no color. Collective over this communicator.
+    ///
+    /// # Errors
+    /// As [`Communicator::barrier`].
+    #[track_caller]
+    fn split(&self, color: Option<usize>, key: usize) -> Result<Option<Self>>;
+
+    /// [`Communicator::all_gather_v`] with equal counts.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_gather_v`].
+    #[track_caller]
+    fn all_gather<T: Reducible>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let counts = vec![send.len(); self.size()];
+        self.all_gather_v(send, recv, &counts)
+    }
+
+    /// [`Communicator::reduce_scatter_v`] with equal counts.
+    ///
+    /// # Errors
+    /// As [`Communicator::reduce_scatter_v`].
+    #[track_caller]
+    fn reduce_scatter<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let counts = vec![recv.len(); self.size()];
+        self.reduce_scatter_v(send, recv, &counts, op)
+    }
+
+    /// [`Communicator::all_to_all_v`] with equal counts.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_to_all_v`].
+    #[track_caller]
+    fn all_to_all<T: Reducible>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let c = vec![send.len() / self.size().max(1); self.size()];
+        self.all_to_all_v(send, &c, recv, &c)
+    }
+}

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_coll;
 mod show;
 
 /// nx: a distributed SPMD tensor framework.
@@ -30,6 +31,8 @@ enum Command {
 enum Bench {
     /// Host kernels: maps, sums and matmuls against the copy bandwidth and numpy.
     Kernels(bench::KernelArgs),
+    /// Collectives: all-reduce, all-gather, reduce-scatter, all-to-all against the memory floor.
+    Collectives(bench_coll::CollectiveArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Show(a) => show::show(&a),
         Command::Plan(a) => show::plan(&a),
         Command::Bench(Bench::Kernels(a)) => bench::kernels(&a),
+        Command::Bench(Bench::Collectives(a)) => bench_coll::collectives(&a),
     };
     match result {
         Ok(text) => {

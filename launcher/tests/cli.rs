@@ -116,3 +116,19 @@ fn bench_kernels_reports_ratios_as_json() {
     // without numpy the matmuls have no limit, and say so with nulls
     assert!(rows.last().unwrap()["limit"].is_null());
 }
+
+#[test]
+fn bench_collectives_reports_nccl_style_json() {
+    let o = nx(&["bench", "collectives", "-n", "3", "--max-bytes", "65536", "--repeats", "1", "--json"]);
+    let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 4 * 3, "4 ops at 4, 16 and 64 KiB");
+    for r in &rows {
+        for k in ["op", "backend", "bytes", "n", "seconds", "algbw", "busbw", "limit_seconds", "ratio"] {
+            assert!(!r[k].is_null(), "{k} in {r}");
+        }
+        assert_eq!(r["n"], 3);
+    }
+    let o = nx(&["bench", "collectives", "--backend", "mpi"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not built yet"));
+}

@@ -16,7 +16,7 @@ pub mod region;
 mod spec;
 
 pub use placement::Placement;
-pub use plan::{plan, CostModel, Op, Plan, Step};
+pub use plan::{plan, CostModel, Op, Plan, Step, Transfer};
 pub use region::Window;
 pub use spec::PlacementSpec;
 

@@ -126,7 +126,28 @@ pub struct Plan {
     pub elem_bytes: usize,
     /// The steps, in order.
     pub steps: Vec<Step>,
+    /// Each device's window at `from` (`None`: it holds nothing, or is not in `from`'s set).
+    pub old: Vec<Option<Window>>,
+    /// Each device's window once the value is closed and moved, before a zero fill: its window at
+    /// `to`, or `None` where it holds a term other than 0 of a partial target.
+    pub need: Vec<Option<Window>>,
+    /// Each device's window at `to`.
+    pub new: Vec<Option<Window>>,
+    /// For each step that moves pieces of windows (all-gather, all-to-all, broadcast, send/recv),
+    /// who receives which box from whom; empty for the others.
+    pub transfers: Vec<Vec<Transfer>>,
     floor: Option<Vec<u64>>,
+}
+
+/// A box of the value that one device receives from another in a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    /// The receiving device (a position in [`Plan::devices`]).
+    pub to: usize,
+    /// The sending device.
+    pub from: usize,
+    /// The box, in global indices.
+    pub window: Window,
 }
 
 impl Plan {
@@ -321,7 +342,15 @@ pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], e
     let floor = (!from.is_partial() && !to.is_partial())
         .then(|| (0..n).map(|u| missing(&old[u], &new[u]).iter().map(|w| volume(w)).sum::<u64>() * cx.eb).collect());
 
+    // What each device needs: its window, unless it holds a term other than 0 of the target.
+    let need: Windows = (0..n)
+        .map(|u| match cx.to_pos[u].map(|p| to.term_unchecked(p)) {
+            Some(Some(t)) if t > 0 => None,
+            _ => new[u].clone(),
+        })
+        .collect();
     let mut steps = Vec::new();
+    let mut transfers = Vec::new();
     let done = same_set && from.equal(to);
     if from.is_partial() && !done {
         if let Some(step) = cx.reduce_scatter(&old, &new) {
@@ -330,16 +359,11 @@ pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], e
             steps.push(cx.all_reduce(&old));
         }
     }
+    transfers.extend(steps.iter().map(|_| Vec::new()));
     if !done && steps.first().is_none_or(|s| s.op != Op::ReduceScatter) {
-        // What each device needs: its window, unless it holds a term other than 0 of the target.
-        let need: Windows = (0..n)
-            .map(|u| match cx.to_pos[u].map(|p| to.term_unchecked(p)) {
-                Some(Some(t)) if t > 0 => None,
-                _ => new[u].clone(),
-            })
-            .collect();
-        if let Some(step) = cx.core(&old, &need) {
+        if let Some((step, moves)) = cx.core(&old, &need) {
             steps.push(step);
+            transfers.push(moves);
         }
         if to.is_partial() {
             let fill: Vec<usize> =
@@ -353,6 +377,7 @@ pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], e
                 bytes_received: vec![0; n],
                 after: to.to_string(),
             });
+            transfers.push(Vec::new());
         }
     }
     Ok(Plan {
@@ -364,6 +389,10 @@ pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], e
         shape: shape.to_vec(),
         elem_bytes,
         steps,
+        old,
+        need,
+        new,
+        transfers,
         floor,
     })
 }
@@ -436,7 +465,7 @@ impl Ctx<'_, '_, '_> {
         groups
     }
 
-    fn core(&self, old: &Windows, need: &Windows) -> Option<Step> {
+    fn core(&self, old: &Windows, need: &Windows) -> Option<(Step, Vec<Transfer>)> {
         let after = self.to.closed().to_string();
         let all_inside = (0..self.n).all(|u| match (&old[u], &need[u]) {
             (_, None) => true,
@@ -445,24 +474,44 @@ impl Ctx<'_, '_, '_> {
         });
         if all_inside {
             let sliced = (0..self.n).any(|u| need[u].is_some() && need[u] != old[u]);
-            return sliced.then(|| Step {
-                op: Op::LocalSlice,
-                mesh_axes: Vec::new(),
-                groups: vec![(0..self.n).filter(|&u| need[u].is_some()).collect()],
-                bytes_sent: self.zeros(),
-                bytes_received: self.zeros(),
-                after,
+            return sliced.then(|| {
+                let step = Step {
+                    op: Op::LocalSlice,
+                    mesh_axes: Vec::new(),
+                    groups: vec![(0..self.n).filter(|&u| need[u].is_some()).collect()],
+                    bytes_sent: self.zeros(),
+                    bytes_received: self.zeros(),
+                    after,
+                };
+                (step, Vec::new())
             });
         }
         if let Some(s) = self.broadcast(old, need, &after) {
-            return Some(s);
+            let root = s.groups[0][0];
+            let moves = s.groups[0][1..]
+                .iter()
+                .map(|&u| Transfer { to: u, from: root, window: old[root].clone().expect("the root holds it") })
+                .collect();
+            return Some((s, moves));
         }
         for (axes, groups) in self.candidate_groups() {
-            if let Some(s) = self.all_gather(&axes, &groups, old, need, &after) {
-                return Some(s);
-            }
-            if let Some(s) = self.all_to_all(&axes, &groups, old, need, &after) {
-                return Some(s);
+            let s = self
+                .all_gather(&axes, &groups, old, need, &after)
+                .or_else(|| self.all_to_all(&axes, &groups, old, need, &after));
+            if let Some(s) = s {
+                let mut moves = Vec::new();
+                for g in &s.groups {
+                    for &u in g {
+                        for &e in g {
+                            if let (true, Some(n), Some(o)) = (u != e, &need[u], &old[e]) {
+                                if let Some(w) = intersect(n, o) {
+                                    moves.push(Transfer { to: u, from: e, window: w });
+                                }
+                            }
+                        }
+                    }
+                }
+                return Some((s, moves));
             }
         }
         Some(self.send_recv(old, need, &after))
@@ -577,9 +626,10 @@ impl Ctx<'_, '_, '_> {
         })
     }
 
-    fn send_recv(&self, old: &Windows, need: &Windows, after: &str) -> Step {
+    fn send_recv(&self, old: &Windows, need: &Windows, after: &str) -> (Step, Vec<Transfer>) {
         let (mut sent, mut recv) = (self.zeros(), self.zeros());
         let mut involved = vec![false; self.n];
+        let mut moves = Vec::new();
         for u in 0..self.n {
             let mut rest = missing(&old[u], &need[u]);
             for step in 1..self.n {
@@ -597,6 +647,7 @@ impl Ctx<'_, '_, '_> {
                         involved[e] = true;
                         involved[u] = true;
                         next.extend(subtract(&piece, &common));
+                        moves.push(Transfer { to: u, from: e, window: common });
                     } else {
                         next.push(piece);
                     }
@@ -605,14 +656,15 @@ impl Ctx<'_, '_, '_> {
             }
             assert!(rest.is_empty(), "nx_placement::plan: a closed value's every element has a holder");
         }
-        Step {
+        let step = Step {
             op: Op::SendRecv,
             mesh_axes: Vec::new(),
             groups: vec![(0..self.n).filter(|&u| involved[u]).collect()],
             bytes_sent: sent,
             bytes_received: recv,
             after: after.to_string(),
-        }
+        };
+        (step, moves)
     }
 
     fn sum_groups(&self) -> Vec<Vec<usize>> {

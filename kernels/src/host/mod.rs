@@ -131,6 +131,23 @@ impl Kernels for Host {
     }
 }
 
+/// Copies `src` to `dst` with streaming (non-temporal) stores where the platform has them, so
+/// that a large copy neither reads the destination's lines first nor evicts the caches; end the
+/// thread's run of such copies with [`store_fence`]. Other platforms copy plainly.
+///
+/// # Safety
+/// `dst` must be valid for writes of `src.len()` elements, aligned for `T`, and not overlap `src`;
+/// nothing else may access it meanwhile.
+pub unsafe fn stream_copy<T: Copy>(src: &[T], dst: *mut T) {
+    // SAFETY: the caller's contract.
+    unsafe { reg::stream(src, dst) }
+}
+
+/// Orders this thread's streaming stores before what follows (an `sfence` on x86-64).
+pub fn store_fence() {
+    reg::fence()
+}
+
 /// Runs a door closure whose own answer is an [`Answer`], flattening the door's refusal into it.
 pub(crate) fn through_door(written: &[&dyn Operand], read: &[&dyn Operand], f: impl FnOnce() -> Answer) -> Answer {
     crate::door(written, read, f).unwrap_or_else(|refusal| refusal)

@@ -1,0 +1,183 @@
+//! Reductions of collectives, in term (rank) order, halves in f32.
+
+use half::{bf16, f16};
+use num_complex::{Complex32, Complex64};
+use nx_kernels::Element;
+
+/// How a reduction combines terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// The sum (integers wrap).
+    Sum,
+    /// The product (integers wrap).
+    Prod,
+    /// The greatest (a NaN where one is; −0 below +0).
+    Max,
+    /// The least.
+    Min,
+}
+
+impl ReduceOp {
+    /// The op's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        }
+    }
+}
+
+/// An element collectives can move and reduce: every dtype of nx. `Acc` is the carrier a
+/// reduction adds in (`f32` for the halves).
+pub trait Reducible: Element {
+    /// The carrier.
+    type Acc: Copy + Send + Sync;
+    /// The term widened to the carrier, exactly.
+    fn widen(self) -> Self::Acc;
+    /// The carrier rounded once into the element.
+    fn narrow(a: Self::Acc) -> Self;
+    /// `a op b` in the carrier; `None` for an op the dtype has not (a sum of booleans, an extreme of
+    /// complex numbers).
+    fn combine(op: super::ReduceOp, a: Self::Acc, b: Self::Acc) -> Option<Self::Acc>;
+}
+
+fn fmax<T: PartialOrd + Copy>(a: T, b: T, nan: impl Fn(T) -> bool, neg: impl Fn(T) -> bool, max: bool) -> T {
+    if nan(a) {
+        a
+    } else if nan(b) {
+        b
+    } else if a == b {
+        if max == neg(a) {
+            b
+        } else {
+            a
+        }
+    } else if (a > b) == max {
+        a
+    } else {
+        b
+    }
+}
+
+macro_rules! float_reducible {
+    ($t:ty, $acc:ty, $w:expr, $n:expr) => {
+        impl Reducible for $t {
+            type Acc = $acc;
+            #[inline]
+            fn widen(self) -> $acc {
+                let f: fn($t) -> $acc = $w;
+                f(self)
+            }
+            #[inline]
+            fn narrow(a: $acc) -> $t {
+                let f: fn($acc) -> $t = $n;
+                f(a)
+            }
+            #[inline]
+            fn combine(op: ReduceOp, a: $acc, b: $acc) -> Option<$acc> {
+                Some(match op {
+                    ReduceOp::Sum => a + b,
+                    ReduceOp::Prod => a * b,
+                    ReduceOp::Max => fmax(a, b, |x: $acc| x.is_nan(), |x: $acc| x.is_sign_negative(), true),
+                    ReduceOp::Min => fmax(a, b, |x: $acc| x.is_nan(), |x: $acc| x.is_sign_negative(), false),
+                })
+            }
+        }
+    };
+}
+float_reducible!(f32, f32, |x| x, |x| x);
+float_reducible!(f64, f64, |x| x, |x| x);
+float_reducible!(f16, f32, f16::to_f32, nx_kernels::dtype::convert::f32_to_f16);
+float_reducible!(bf16, f32, bf16::to_f32, nx_kernels::dtype::convert::f32_to_bf16);
+
+macro_rules! int_reducible {
+    ($($t:ty),*) => {$(
+        impl Reducible for $t {
+            type Acc = $t;
+            #[inline]
+            fn widen(self) -> $t {
+                self
+            }
+            #[inline]
+            fn narrow(a: $t) -> $t {
+                a
+            }
+            #[inline]
+            fn combine(op: ReduceOp, a: $t, b: $t) -> Option<$t> {
+                Some(match op {
+                    ReduceOp::Sum => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::Min => a.min(b),
+                })
+            }
+        }
+    )*};
+}
+int_reducible!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+impl Reducible for bool {
+    type Acc = bool;
+    fn widen(self) -> bool {
+        self
+    }
+    fn narrow(a: bool) -> bool {
+        a
+    }
+    fn combine(op: ReduceOp, a: bool, b: bool) -> Option<bool> {
+        match op {
+            ReduceOp::Max => Some(a | b),
+            ReduceOp::Min => Some(a & b),
+            ReduceOp::Sum | ReduceOp::Prod => None,
+        }
+    }
+}
+
+macro_rules! complex_reducible {
+    ($t:ty) => {
+        impl Reducible for $t {
+            type Acc = $t;
+            fn widen(self) -> $t {
+                self
+            }
+            fn narrow(a: $t) -> $t {
+                a
+            }
+            fn combine(op: ReduceOp, a: $t, b: $t) -> Option<$t> {
+                match op {
+                    ReduceOp::Sum => Some(a + b),
+                    ReduceOp::Prod => Some(a * b),
+                    ReduceOp::Max | ReduceOp::Min => None,
+                }
+            }
+        }
+    };
+}
+complex_reducible!(Complex32);
+complex_reducible!(Complex64);
+
+/// `out[i] = terms[0][i] op terms[1][i] op …`, in term order, rounded once.
+pub(crate) fn reduce_into<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut [T]) -> bool {
+    const BLOCK: usize = 512;
+    let Some(first) = terms.first() else { return true };
+    if T::combine(op, first.first().copied().unwrap_or_default().widen(), T::default().widen()).is_none() {
+        return false;
+    }
+    let mut acc: Vec<T::Acc> = Vec::with_capacity(BLOCK);
+    for start in (0..out.len()).step_by(BLOCK) {
+        let end = (start + BLOCK).min(out.len());
+        acc.clear();
+        acc.extend(first[start..end].iter().map(|x| x.widen()));
+        for t in &terms[1..] {
+            for (a, x) in acc.iter_mut().zip(&t[start..end]) {
+                *a = T::combine(op, *a, x.widen()).expect("checked above");
+            }
+        }
+        for (o, a) in out[start..end].iter_mut().zip(&acc) {
+            *o = T::narrow(*a);
+        }
+    }
+    true
+}

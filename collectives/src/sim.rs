@@ -1,0 +1,607 @@
+//! The simulated backend: N ranks as threads of one process, collectives through shared memory.
+//!
+//! [`run`] starts the ranks and hands each a [`SimComm`] over the world. A collective is two
+//! rendezvous of its group: at the first each rank posts its fingerprint and the addresses of its
+//! buffers, and every rank checks every fingerprint; between the two, each rank reads its peers'
+//! buffers where they lie and writes results where they go (an all-reduce sums its own chunk of
+//! every rank's input in rank order and writes it straight into every rank's output, streaming
+//! the stores when large); the second rendezvous ends the call once every rank is done with every
+//! buffer. All state lives in the world a call of [`run`] makes: many simulated worlds run side by
+//! side in one process.
+//!
+//! A rank whose body returns an error, panics or returns while peers wait for it is reported to
+//! them at once ([`Error::PeerGone`]); a collective that waits past the timeout fails with the
+//! ranks that did not arrive ([`Error::Timeout`]).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::panic::{AssertUnwindSafe, Location};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::reduce::reduce_into;
+use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
+
+/// Settings of a simulated world, passed explicitly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Agree on full fingerprints (sequence, op, dtype, counts, call site) before each
+    /// collective. Op, dtype and counts are always checked.
+    pub checked: bool,
+    /// How long a collective waits for its peers before failing.
+    pub timeout: Duration,
+}
+
+impl Default for SimOptions {
+    /// Checked in debug builds and tests, five minutes' timeout.
+    fn default() -> Self {
+        SimOptions { checked: cfg!(debug_assertions), timeout: Duration::from_secs(300) }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Slot {
+    fp: Option<Fingerprint>,
+    send: usize,
+    recv: usize,
+    extra: Vec<usize>,
+}
+
+#[derive(Debug)]
+struct Group {
+    members: Vec<usize>,
+    gen: u64,
+    arrived: Vec<bool>,
+    count: usize,
+    slots: Vec<Slot>,
+    done: Vec<Slot>,
+}
+
+#[derive(Debug)]
+struct Mail {
+    addr: usize,
+    len: usize,
+    fp: Fingerprint,
+    taken: bool,
+    refused: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    groups: HashMap<Vec<u64>, Group>,
+    gone: Vec<Option<String>>,
+    first_failure: Option<(usize, String)>,
+    mail: HashMap<(usize, usize), Mail>,
+}
+
+#[derive(Debug)]
+struct World {
+    opts: SimOptions,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl World {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks `rank` gone: `why` for its peers ("failed: …"), `cause` the root cause if it failed.
+    fn leave(&self, rank: usize, why: String, cause: Option<String>) {
+        let mut st = self.lock();
+        if let (Some(c), None) = (cause, &st.first_failure) {
+            st.first_failure = Some((rank, c));
+        }
+        st.gone[rank] = Some(why);
+        self.cv.notify_all();
+    }
+}
+
+/// A communicator over a group of simulated ranks.
+#[derive(Debug)]
+pub struct SimComm {
+    world: Arc<World>,
+    key: Vec<u64>,
+    members: Arc<[usize]>,
+    rank: usize,
+    seq: Cell<u64>,
+}
+
+fn group(members: Vec<usize>) -> Group {
+    let n = members.len();
+    Group { members, gen: 0, arrived: vec![false; n], count: 0, slots: vec![Slot::default(); n], done: Vec::new() }
+}
+
+/// Runs `body` on `n` simulated ranks, each a thread with its [`SimComm`] over the world, and
+/// returns their results in rank order.
+///
+/// # Errors
+/// [`Error::Invalid`] for `n` = 0; [`Error::RankFailed`] naming the first rank whose body failed
+/// or panicked (the root cause; the others' errors follow from it).
+pub fn run<R, E, F>(n: usize, opts: SimOptions, body: F) -> Result<Vec<R>>
+where
+    R: Send,
+    E: Display,
+    F: Fn(SimComm) -> std::result::Result<R, E> + Sync,
+{
+    if n == 0 {
+        return Err(Error::Invalid { func: "nx_collectives::sim::run", why: "a world of 0 ranks".into() });
+    }
+    let mut state = State { gone: vec![None; n], ..State::default() };
+    state.groups.insert(Vec::new(), group((0..n).collect()));
+    let world = Arc::new(World { opts, state: Mutex::new(state), cv: Condvar::new() });
+    let members: Arc<[usize]> = (0..n).collect();
+    let results: Vec<Option<R>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let comm = SimComm {
+                    world: world.clone(),
+                    key: Vec::new(),
+                    members: members.clone(),
+                    rank: r,
+                    seq: Cell::new(0),
+                };
+                let (world, body) = (world.clone(), &body);
+                std::thread::Builder::new()
+                    .name(format!("nx-sim-rank-{r}"))
+                    .spawn_scoped(s, move || {
+                        let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
+                        match out {
+                            Ok(Ok(v)) => {
+                                world.leave(r, "returned from its body".into(), None);
+                                Some(v)
+                            }
+                            Ok(Err(e)) => {
+                                world.leave(r, format!("failed: {e}"), Some(e.to_string()));
+                                None
+                            }
+                            Err(p) => {
+                                let msg = p
+                                    .downcast_ref::<String>()
+                                    .cloned()
+                                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                    .unwrap_or_else(|| "a panic".into());
+                                world.leave(r, format!("panicked: {msg}"), Some(format!("panicked: {msg}")));
+                                None
+                            }
+                        }
+                    })
+                    .expect("a thread for a simulated rank")
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(None)).collect()
+    });
+    if let Some((rank, why)) = world.lock().first_failure.clone() {
+        return Err(Error::RankFailed { rank, why });
+    }
+    Ok(results.into_iter().map(|r| r.expect("every rank returned")).collect())
+}
+
+impl SimComm {
+    fn world_of(&self, r: usize) -> usize {
+        self.members[r]
+    }
+
+    #[track_caller]
+    fn fingerprint(&self, op: &'static str, dtype: Option<nx_kernels::Dtype>, counts: Vec<usize>) -> Fingerprint {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        Fingerprint { seq, op, dtype, counts, site: Location::caller() }
+    }
+
+    /// Posts `slot` and waits for every member; answers every member's slot.
+    fn rendezvous(&self, slot: Slot) -> Result<Vec<Slot>> {
+        let call = slot.fp.as_ref().map_or_else(|| "a collective".to_string(), |f| f.to_string());
+        let start = Instant::now();
+        let mut st = self.world.lock();
+        let g = st.groups.get_mut(&self.key).expect("the group exists");
+        let my_gen = g.gen;
+        g.slots[self.rank] = slot;
+        g.arrived[self.rank] = true;
+        g.count += 1;
+        if g.count == g.members.len() {
+            g.gen += 1;
+            g.count = 0;
+            g.arrived.iter_mut().for_each(|a| *a = false);
+            g.done = std::mem::take(&mut g.slots);
+            g.slots = vec![Slot::default(); g.members.len()];
+            let out = g.done.clone();
+            self.world.cv.notify_all();
+            return Ok(out);
+        }
+        loop {
+            let g = st.groups.get(&self.key).expect("the group exists");
+            if g.gen != my_gen {
+                return Ok(g.done.clone());
+            }
+            let waiting: Vec<usize> = (0..g.members.len()).filter(|&m| !g.arrived[m]).map(|m| g.members[m]).collect();
+            if let Some(&peer) = waiting.iter().find(|&&w| st.gone[w].is_some()) {
+                let why = st.gone[peer].clone().unwrap_or_default();
+                return Err(Error::PeerGone { rank: self.world_rank(), call, peer, why });
+            }
+            let waited = start.elapsed();
+            if waited >= self.world.opts.timeout {
+                drop(st);
+                let e =
+                    Error::Timeout { rank: self.world_rank(), call, waited_s: waited.as_secs_f64(), missing: waiting };
+                self.world.leave(self.world_rank(), format!("failed: {e}"), Some(e.to_string()));
+                return Err(e);
+            }
+            let slice = (self.world.opts.timeout - waited).min(Duration::from_millis(200));
+            st = self.world.cv.wait_timeout(st, slice).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// The first rendezvous of a collective, with the fingerprint check.
+    fn open(&self, fp: Fingerprint, send: usize, recv: usize, extra: Vec<usize>) -> Result<Vec<Slot>> {
+        let slots = self.rendezvous(Slot { fp: Some(fp), send, recv, extra })?;
+        let first = slots[0].fp.as_ref().expect("posted");
+        for (j, s) in slots.iter().enumerate().skip(1) {
+            let f = s.fp.as_ref().expect("posted");
+            if !first.agrees(f, self.world.opts.checked) {
+                return Err(Error::Mismatch {
+                    rank_a: self.world_of(0),
+                    call_a: first.to_string(),
+                    rank_b: self.world_of(j),
+                    call_b: f.to_string(),
+                });
+            }
+        }
+        Ok(slots)
+    }
+
+    /// The second rendezvous: every member is done with every buffer.
+    fn close(&self) -> Result<()> {
+        self.rendezvous(Slot::default()).map(|_| ())
+    }
+}
+
+/// The fingerprint name of a reducing collective: the op is part of what ranks agree on.
+fn op_name(what: &'static str, op: ReduceOp) -> &'static str {
+    match (what, op) {
+        ("all_reduce", ReduceOp::Sum) => "all_reduce_sum",
+        ("all_reduce", ReduceOp::Prod) => "all_reduce_prod",
+        ("all_reduce", ReduceOp::Max) => "all_reduce_max",
+        ("all_reduce", ReduceOp::Min) => "all_reduce_min",
+        (_, ReduceOp::Sum) => "reduce_scatter_sum",
+        (_, ReduceOp::Prod) => "reduce_scatter_prod",
+        (_, ReduceOp::Max) => "reduce_scatter_max",
+        (_, ReduceOp::Min) => "reduce_scatter_min",
+    }
+}
+
+fn invalid(func: &'static str, why: String) -> Error {
+    Error::Invalid { func, why }
+}
+
+/// Collectives whose buffers hold at least this many bytes write with streaming stores.
+const STREAM_MIN: usize = 4 << 20;
+
+/// Whether a collective over buffers of `n` elements of `T` streams its stores.
+fn streams<T>(n: usize) -> bool {
+    n * size_of::<T>() >= STREAM_MIN
+}
+
+/// Copies `n` elements from `src` to `dst`, with streaming stores where `stream` (the caller
+/// fences before the call's closing rendezvous).
+///
+/// # Safety
+/// Both point at `n` valid, aligned elements, and nothing else touches `dst`'s meanwhile.
+unsafe fn put<T: Copy>(src: *const T, dst: *mut T, n: usize, stream: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if stream {
+            nx_kernels::host::stream_copy(std::slice::from_raw_parts(src, n), dst);
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst, n)
+        }
+    }
+}
+
+impl Communicator for SimComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    fn backend(&self) -> &'static str {
+        "sim"
+    }
+
+    fn world_rank(&self) -> usize {
+        self.members[self.rank]
+    }
+
+    #[track_caller]
+    fn barrier(&self) -> Result<()> {
+        let fp = self.fingerprint("barrier", None, Vec::new());
+        self.open(fp, 0, 0, Vec::new())?;
+        self.close()
+    }
+
+    #[track_caller]
+    fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        if root >= self.size() {
+            return Err(invalid("nx_collectives::broadcast", format!("root {root} of a group of {}", self.size())));
+        }
+        let fp = self.fingerprint("broadcast", Some(T::DTYPE), vec![buf.len(), root]);
+        let addr = buf.as_mut_ptr() as usize;
+        let slots = self.open(fp, addr, addr, Vec::new())?;
+        if self.rank != root && !buf.is_empty() {
+            // SAFETY: the root is blocked in this call until `close`, and only reads its buffer;
+            // lengths agree (checked by the fingerprints); this rank writes its own buffer alone.
+            unsafe { put(slots[root].send as *const T, addr as *mut T, buf.len(), false) };
+        }
+        self.close()
+    }
+
+    #[track_caller]
+    fn all_reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(invalid(
+                "nx_collectives::all_reduce",
+                format!("send of {} and recv of {} elements", send.len(), recv.len()),
+            ));
+        }
+        if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
+            return Err(invalid("nx_collectives::all_reduce", format!("{} has no {}", T::DTYPE, op.name())));
+        }
+        let fp = self.fingerprint(op_name("all_reduce", op), Some(T::DTYPE), vec![send.len()]);
+        let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
+        let (n, len) = (self.size(), send.len());
+        let (lo, hi) = (self.rank * len / n, (self.rank + 1) * len / n);
+        // This rank sums elements lo..hi of every member's send, in member (term) order, a block at
+        // a time, and writes each block straight into every member's recv.
+        const BLOCK: usize = 1 << 14;
+        let stream = streams::<T>(len);
+        let mut block = vec![T::default(); BLOCK.min(hi - lo)];
+        let mut at = lo;
+        while at < hi {
+            let m = BLOCK.min(hi - at);
+            // SAFETY: every member is blocked in this call until `close`; their send buffers are
+            // only read, and this rank alone writes elements lo..hi of every member's recv buffer.
+            unsafe {
+                let terms: Vec<&[T]> =
+                    slots.iter().map(|s| std::slice::from_raw_parts((s.send as *const T).add(at), m)).collect();
+                reduce_into(op, &terms, &mut block[..m]);
+                for s in &slots {
+                    put(block.as_ptr(), (s.recv as *mut T).add(at), m, stream);
+                }
+            }
+            at += m;
+        }
+        if stream {
+            nx_kernels::host::store_fence();
+        }
+        self.close()
+    }
+
+    #[track_caller]
+    fn reduce_scatter_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: ReduceOp) -> Result<()> {
+        const FUNC: &str = "nx_collectives::reduce_scatter_v";
+        if counts.len() != self.size() || counts.iter().sum::<usize>() != send.len() || counts[self.rank] != recv.len()
+        {
+            return Err(invalid(
+                FUNC,
+                format!(
+                    "counts {counts:?} for send of {} and recv of {} on rank {} of {}",
+                    send.len(),
+                    recv.len(),
+                    self.rank,
+                    self.size()
+                ),
+            ));
+        }
+        if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
+            return Err(invalid(FUNC, format!("{} has no {}", T::DTYPE, op.name())));
+        }
+        let fp = self.fingerprint(op_name("reduce_scatter", op), Some(T::DTYPE), counts.to_vec());
+        let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
+        let off: usize = counts[..self.rank].iter().sum();
+        // SAFETY: members are blocked until `close`; send buffers only read (their lengths agree by
+        // the fingerprints); this rank writes its own recv alone.
+        unsafe {
+            let terms: Vec<&[T]> =
+                slots.iter().map(|s| std::slice::from_raw_parts((s.send as *const T).add(off), recv.len())).collect();
+            reduce_into(op, &terms, recv);
+        }
+        self.close()
+    }
+
+    #[track_caller]
+    fn all_gather_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
+        if counts.len() != self.size() || counts[self.rank] != send.len() || counts.iter().sum::<usize>() != recv.len()
+        {
+            return Err(invalid(
+                "nx_collectives::all_gather_v",
+                format!(
+                    "counts {counts:?} for send of {} and recv of {} on rank {}",
+                    send.len(),
+                    recv.len(),
+                    self.rank
+                ),
+            ));
+        }
+        let fp = self.fingerprint("all_gather", Some(T::DTYPE), counts.to_vec());
+        let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
+        let off: usize = counts[..self.rank].iter().sum();
+        let stream = streams::<T>(recv.len());
+        // SAFETY: members are blocked until `close`; this rank writes its own block of every
+        // member's recv (disjoint from every other writer's) from its own send.
+        unsafe {
+            for s in &slots {
+                put(send.as_ptr(), (s.recv as *mut T).add(off), send.len(), stream);
+            }
+        }
+        if stream {
+            nx_kernels::host::store_fence();
+        }
+        self.close()
+    }
+
+    #[track_caller]
+    fn all_to_all_v<T: Reducible>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let n = self.size();
+        if send_counts.len() != n
+            || recv_counts.len() != n
+            || send_counts.iter().sum::<usize>() != send.len()
+            || recv_counts.iter().sum::<usize>() != recv.len()
+        {
+            return Err(invalid(
+                "nx_collectives::all_to_all_v",
+                format!(
+                    "send counts {send_counts:?} for {} elements, recv counts {recv_counts:?} for {}, in a group of {n}",
+                    send.len(),
+                    recv.len()
+                ),
+            ));
+        }
+        let fp = self.fingerprint("all_to_all", Some(T::DTYPE), vec![n]);
+        let extra: Vec<usize> = send_counts.iter().chain(recv_counts).copied().collect();
+        let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, extra)?;
+        // every sender's count must be its receiver's; all ranks check all pairs alike
+        for (j, sj) in slots.iter().enumerate() {
+            for (m, sm) in slots.iter().enumerate() {
+                if sj.extra[m] != sm.extra[n + j] {
+                    return Err(Error::Mismatch {
+                        rank_a: self.world_of(j),
+                        call_a: format!("all_to_all sending {} elements to rank {}", sj.extra[m], self.world_of(m)),
+                        rank_b: self.world_of(m),
+                        call_b: format!(
+                            "all_to_all receiving {} elements from rank {}",
+                            sm.extra[n + j],
+                            self.world_of(j)
+                        ),
+                    });
+                }
+            }
+        }
+        let mut at = 0;
+        for (j, sj) in slots.iter().enumerate() {
+            let src_off: usize = sj.extra[..self.rank].iter().sum();
+            let cnt = recv_counts[j];
+            // SAFETY: members are blocked until `close`; their send buffers are only read, at
+            // offsets and counts every rank agreed on above; this rank writes its own recv.
+            unsafe { put((sj.send as *const T).add(src_off), recv.as_mut_ptr().add(at), cnt, false) };
+            at += cnt;
+        }
+        self.close()
+    }
+
+    #[track_caller]
+    fn send<T: Reducible>(&self, buf: &[T], to: usize) -> Result<()> {
+        if to >= self.size() || to == self.rank {
+            return Err(invalid(
+                "nx_collectives::send",
+                format!("to rank {to} from rank {} of {}", self.rank, self.size()),
+            ));
+        }
+        let fp = self.fingerprint("send", Some(T::DTYPE), vec![buf.len()]);
+        let key = (self.world_rank(), self.world_of(to));
+        let call = fp.to_string();
+        let start = Instant::now();
+        let mut st = self.world.lock();
+        st.mail.insert(key, Mail { addr: buf.as_ptr() as usize, len: buf.len(), fp, taken: false, refused: None });
+        self.world.cv.notify_all();
+        loop {
+            let m = st.mail.get(&key).expect("posted");
+            if m.taken {
+                let refused = m.refused.clone();
+                st.mail.remove(&key);
+                return match refused {
+                    Some(r) => Err(Error::Mismatch { rank_a: key.0, call_a: call, rank_b: key.1, call_b: r }),
+                    None => Ok(()),
+                };
+            }
+            if let Some(why) = st.gone[key.1].clone() {
+                st.mail.remove(&key);
+                return Err(Error::PeerGone { rank: key.0, call, peer: key.1, why });
+            }
+            let waited = start.elapsed();
+            if waited >= self.world.opts.timeout {
+                st.mail.remove(&key);
+                drop(st);
+                let e = Error::Timeout { rank: key.0, call, waited_s: waited.as_secs_f64(), missing: vec![key.1] };
+                self.world.leave(key.0, format!("failed: {e}"), Some(e.to_string()));
+                return Err(e);
+            }
+            let slice = (self.world.opts.timeout - waited).min(Duration::from_millis(200));
+            st = self.world.cv.wait_timeout(st, slice).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    #[track_caller]
+    fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()> {
+        if from >= self.size() || from == self.rank {
+            return Err(invalid(
+                "nx_collectives::recv",
+                format!("from rank {from} on rank {} of {}", self.rank, self.size()),
+            ));
+        }
+        let fp = self.fingerprint("recv", Some(T::DTYPE), vec![buf.len()]);
+        let key = (self.world_of(from), self.world_rank());
+        let call = fp.to_string();
+        let start = Instant::now();
+        let mut st = self.world.lock();
+        loop {
+            if let Some(m) = st.mail.get_mut(&key).filter(|m| !m.taken) {
+                m.taken = true;
+                let ok = m.fp.dtype == fp.dtype && m.len == buf.len();
+                let theirs = m.fp.to_string();
+                if !ok {
+                    m.refused = Some(call.clone());
+                    self.world.cv.notify_all();
+                    return Err(Error::Mismatch { rank_a: key.0, call_a: theirs, rank_b: key.1, call_b: call });
+                }
+                // SAFETY: the sender is blocked until it sees `taken` after this copy (under the
+                // lock), and only reads its buffer; dtype and length agree.
+                unsafe { put(m.addr as *const T, buf.as_mut_ptr(), buf.len(), false) };
+                self.world.cv.notify_all();
+                return Ok(());
+            }
+            if let Some(why) = st.gone[key.0].clone() {
+                return Err(Error::PeerGone { rank: key.1, call, peer: key.0, why });
+            }
+            let waited = start.elapsed();
+            if waited >= self.world.opts.timeout {
+                drop(st);
+                let e = Error::Timeout { rank: key.1, call, waited_s: waited.as_secs_f64(), missing: vec![key.0] };
+                self.world.leave(key.1, format!("failed: {e}"), Some(e.to_string()));
+                return Err(e);
+            }
+            let slice = (self.world.opts.timeout - waited).min(Duration::from_millis(200));
+            st = self.world.cv.wait_timeout(st, slice).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    #[track_caller]
+    fn split(&self, color: Option<usize>, key: usize) -> Result<Option<SimComm>> {
+        let seq = self.seq.get();
+        let fp = self.fingerprint("split", None, Vec::new());
+        let c = color.unwrap_or(usize::MAX);
+        let slots = self.open(fp, 0, 0, vec![c, key])?;
+        let out = color.map(|c| {
+            let mut mine: Vec<(usize, usize)> =
+                (0..self.size()).filter(|&m| slots[m].extra[0] == c).map(|m| (slots[m].extra[1], m)).collect();
+            mine.sort_unstable();
+            let members: Vec<usize> = mine.iter().map(|&(_, m)| self.members[m]).collect();
+            let rank = mine.iter().position(|&(_, m)| m == self.rank).expect("this rank is in its group");
+            let mut gkey = self.key.clone();
+            gkey.extend([seq, c as u64]);
+            self.world.lock().groups.entry(gkey.clone()).or_insert_with(|| group(members.clone()));
+            SimComm { world: self.world.clone(), key: gkey, members: members.into(), rank, seq: Cell::new(0) }
+        });
+        self.close()?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,419 @@
+//! The conformance suite on the simulated backend (1–8 ranks), its error paths, and `place` on
+//! random meshes, shapes and placement pairs.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use half::bf16;
+use nx_collectives::sim::{self, SimComm, SimOptions};
+use nx_collectives::{place, Communicator, Error, ReduceOp, Reducible, Result};
+use nx_placement::{plan, region, Device, Devices, MeshSpec, Op, PlacementSpec};
+use proptest::prelude::*;
+
+fn opts() -> SimOptions {
+    SimOptions { checked: true, timeout: Duration::from_secs(20) }
+}
+
+/// Rank r's input of `len` elements: distinct, inexact values.
+fn input(r: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((r * 7919 + i * 104_729) % 10_007) as f32 / 977.0 - 5.0).collect()
+}
+
+#[test]
+fn every_collective_on_1_to_8_ranks() {
+    for n in 1..=8 {
+        let len = 3 * n + 1; // uneven on purpose
+        let out = sim::run(n, opts(), |c: SimComm| -> Result<()> {
+            let r = c.rank();
+            // all-reduce: the term-order sum, bit for bit
+            let mine = input(r, len);
+            let mut got = vec![0f32; len];
+            c.all_reduce(&mine, &mut got, ReduceOp::Sum)?;
+            let want: Vec<f32> =
+                (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc + input(q, len)[i])).collect();
+            assert_eq!(got, want, "all_reduce on {n} ranks");
+            // max and bf16 (summed in f32, rounded once)
+            c.all_reduce(&mine, &mut got, ReduceOp::Max)?;
+            assert!(got.iter().enumerate().all(|(i, &v)| (0..n).all(|q| input(q, len)[i] <= v)));
+            let halves: Vec<bf16> = mine.iter().map(|&x| bf16::from_f32(x)).collect();
+            let mut hs = vec![bf16::ZERO; len];
+            c.all_reduce(&halves, &mut hs, ReduceOp::Sum)?;
+            let want_h: Vec<bf16> = (0..len)
+                .map(|i| {
+                    let s = (1..n).fold(bf16::from_f32(input(0, len)[i]).to_f32(), |a, q| {
+                        a + bf16::from_f32(input(q, len)[i]).to_f32()
+                    });
+                    nx_kernels::dtype::convert::f32_to_bf16(s)
+                })
+                .collect();
+            assert_eq!(hs, want_h);
+            // reduce-scatter with uneven counts: rank q keeps q+1 elements
+            let counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
+            let total: usize = counts.iter().sum();
+            let send = input(r, total);
+            let mut part = vec![0f32; counts[r]];
+            c.reduce_scatter_v(&send, &mut part, &counts, ReduceOp::Sum)?;
+            let off: usize = counts[..r].iter().sum();
+            let want: Vec<f32> = (0..counts[r])
+                .map(|i| (1..n).fold(input(0, total)[off + i], |a, q| a + input(q, total)[off + i]))
+                .collect();
+            assert_eq!(part, want);
+            // all-gather with uneven counts (rank q sends q elements; rank 0 sends none)
+            let counts: Vec<usize> = (0..n).collect();
+            let mut all = vec![0i32; counts.iter().sum()];
+            let mine: Vec<i32> = (0..r).map(|i| (r * 100 + i) as i32).collect();
+            c.all_gather_v(&mine, &mut all, &counts)?;
+            let want: Vec<i32> = (0..n).flat_map(|q| (0..q).map(move |i| (q * 100 + i) as i32)).collect();
+            assert_eq!(all, want);
+            // all-to-all with variable counts: rank r sends (r + j) % 3 elements to rank j
+            let send_counts: Vec<usize> = (0..n).map(|j| (r + j) % 3).collect();
+            let recv_counts: Vec<usize> = (0..n).map(|i| (i + r) % 3).collect();
+            let send: Vec<u16> =
+                (0..n).flat_map(|j| (0..(r + j) % 3).map(move |k| (r * 64 + j * 8 + k) as u16)).collect();
+            let mut recv = vec![0u16; recv_counts.iter().sum()];
+            c.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
+            let want: Vec<u16> =
+                (0..n).flat_map(|i| (0..(i + r) % 3).map(move |k| (i * 64 + r * 8 + k) as u16)).collect();
+            assert_eq!(recv, want);
+            // broadcast from the last rank
+            let mut b: Vec<f64> = if r == n - 1 { vec![1.5, -2.0, 3.25] } else { vec![0.0; 3] };
+            c.broadcast(&mut b, n - 1)?;
+            assert_eq!(b, [1.5, -2.0, 3.25]);
+            // send/recv around a ring
+            if n > 1 {
+                let next = (r + 1) % n;
+                let prev = (r + n - 1) % n;
+                if r % 2 == 0 {
+                    c.send(&[r as u64; 2], next)?;
+                    let mut x = [0u64; 2];
+                    c.recv(&mut x, prev)?;
+                    assert_eq!(x, [prev as u64; 2]);
+                } else {
+                    let mut x = [0u64; 2];
+                    c.recv(&mut x, prev)?;
+                    assert_eq!(x, [prev as u64; 2]);
+                    c.send(&[r as u64; 2], next)?;
+                }
+            }
+            // split into even and odd ranks, ordered backwards
+            let sub = c.split(Some(r % 2), n - r)?.expect("a color was given");
+            assert_eq!(sub.size(), (0..n).filter(|q| q % 2 == r % 2).count());
+            let mut s = [0u32];
+            sub.all_reduce(&[r as u32], &mut s, ReduceOp::Sum)?;
+            assert_eq!(s[0] as usize, (0..n).filter(|q| q % 2 == r % 2).sum::<usize>());
+            assert!(c.split(None, 0)?.is_none());
+            c.barrier()?;
+            // empty buffers
+            c.all_reduce::<f32>(&[], &mut [], ReduceOp::Sum)?;
+            Ok(())
+        });
+        out.unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
+#[test]
+fn a_mismatch_is_an_error_naming_both_ranks() {
+    let e = sim::run(4, opts(), |c: SimComm| -> Result<()> {
+        let mut out = vec![0f32; 16];
+        if c.rank() == 3 {
+            c.all_gather(&[0f32; 4], &mut out)
+        } else {
+            c.all_reduce(&[0f32; 16], &mut out, ReduceOp::Sum)
+        }
+    })
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("rank 0 called all_reduce_sum(f32, [16]) at sim.rs:"), "{text}");
+    assert!(text.contains("rank 3 called all_gather(f32, [4, 4, 4, 4]) at sim.rs:"), "{text}");
+    // different shapes of one op
+    let e = sim::run(2, opts(), |c: SimComm| -> Result<()> {
+        let n = 4 + c.rank();
+        let mut out = vec![0f32; n];
+        c.all_reduce(&vec![0f32; n], &mut out, ReduceOp::Sum)
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("all_reduce_sum(f32, [4])") && e.to_string().contains("all_reduce_sum(f32, [5])"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_rank_that_skips_a_collective_is_named_at_once() {
+    let t = std::time::Instant::now();
+    let e = sim::run(3, SimOptions { checked: true, timeout: Duration::from_secs(60) }, |c: SimComm| -> Result<()> {
+        if c.rank() == 1 {
+            return Ok(()); // skips the barrier
+        }
+        c.barrier()
+    })
+    .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(10), "no hang");
+    let text = e.to_string();
+    assert!(text.contains("rank 1 returned from its body"), "{text}");
+}
+
+#[test]
+fn a_stall_times_out_naming_the_missing_ranks() {
+    let e =
+        sim::run(3, SimOptions { checked: true, timeout: Duration::from_millis(300) }, |c: SimComm| -> Result<()> {
+            if c.rank() == 2 {
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+            c.barrier()
+        })
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("waited") && text.contains("for ranks [2]"), "{text}");
+}
+
+#[test]
+fn a_panic_is_the_root_cause_and_bad_counts_are_refused() {
+    let e = sim::run(2, opts(), |c: SimComm| -> Result<()> {
+        if c.rank() == 0 {
+            panic!("boom on purpose");
+        }
+        c.barrier()
+    })
+    .unwrap_err();
+    assert_eq!(e, Error::RankFailed { rank: 0, why: "panicked: boom on purpose".into() });
+    let e = sim::run(1, opts(), |c: SimComm| -> Result<()> {
+        let mut out = [0f32; 3];
+        c.all_gather_v(&[1.0f32; 2], &mut out, &[2])
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("nx_collectives::all_gather_v: counts [2] for send of 2 and recv of 3"), "{e}");
+    let e = sim::run(2, opts(), |c: SimComm| -> Result<()> {
+        let (s, r) = if c.rank() == 0 { (vec![1u8; 2], vec![1, 1]) } else { (vec![1u8; 2], vec![2, 0]) };
+        let mut recv = vec![0u8; r.iter().sum()];
+        c.all_to_all_v(&s, &[1, 1], &mut recv, &r)
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("sending 1 elements to rank 1")
+            && e.to_string().contains("receiving 2 elements from rank 0"),
+        "{e}"
+    );
+}
+
+/// A communicator that logs the collectives it issues (not the splits), for counting.
+struct Counting {
+    inner: SimComm,
+    log: Rc<RefCell<Vec<&'static str>>>,
+}
+
+impl Counting {
+    fn note(&self, op: &'static str) {
+        self.log.borrow_mut().push(op);
+    }
+}
+
+impl Communicator for Counting {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn backend(&self) -> &'static str {
+        "counting"
+    }
+    fn world_rank(&self) -> usize {
+        self.inner.world_rank()
+    }
+    fn barrier(&self) -> Result<()> {
+        self.note("barrier");
+        self.inner.barrier()
+    }
+    fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.note("broadcast");
+        self.inner.broadcast(buf, root)
+    }
+    fn all_reduce<T: Reducible>(&self, s: &[T], r: &mut [T], op: ReduceOp) -> Result<()> {
+        self.note("all_reduce");
+        self.inner.all_reduce(s, r, op)
+    }
+    fn reduce_scatter_v<T: Reducible>(&self, s: &[T], r: &mut [T], c: &[usize], op: ReduceOp) -> Result<()> {
+        self.note("reduce_scatter");
+        self.inner.reduce_scatter_v(s, r, c, op)
+    }
+    fn all_gather_v<T: Reducible>(&self, s: &[T], r: &mut [T], c: &[usize]) -> Result<()> {
+        self.note("all_gather");
+        self.inner.all_gather_v(s, r, c)
+    }
+    fn all_to_all_v<T: Reducible>(&self, s: &[T], sc: &[usize], r: &mut [T], rc: &[usize]) -> Result<()> {
+        self.note("all_to_all");
+        self.inner.all_to_all_v(s, sc, r, rc)
+    }
+    fn send<T: Reducible>(&self, b: &[T], to: usize) -> Result<()> {
+        self.note("send");
+        self.inner.send(b, to)
+    }
+    fn recv<T: Reducible>(&self, b: &mut [T], from: usize) -> Result<()> {
+        self.note("recv");
+        self.inner.recv(b, from)
+    }
+    fn split(&self, color: Option<usize>, key: usize) -> Result<Option<Counting>> {
+        Ok(self.inner.split(color, key)?.map(|inner| Counting { inner, log: self.log.clone() }))
+    }
+}
+
+/// The global value's element at flat index i, and term t's share of it.
+fn global(i: usize) -> f32 {
+    ((i * 7919) % 1009) as f32 / 31.0 - 16.0
+}
+fn term(i: usize, t: usize) -> f32 {
+    global(i) / 3.0 + t as f32 * 0.25
+}
+
+fn spec_from(c: &[u8], mesh: &MeshSpec, rank: usize) -> PlacementSpec {
+    let names: Vec<String> = mesh.axes().iter().map(|a| a.0.clone()).collect();
+    match c[0] % 8 {
+        0 => PlacementSpec::On,
+        1 => PlacementSpec::Device(c[1] as usize % mesh.size()),
+        2 if rank > 0 => PlacementSpec::Split(c[1] as usize % rank),
+        _ => {
+            let mut cuts: Vec<(usize, Vec<String>)> = Vec::new();
+            let mut sums = Vec::new();
+            for (m, name) in names.iter().enumerate() {
+                let role = c[2 + m] as usize % (rank + 2);
+                if role == rank {
+                    continue;
+                } else if role == rank + 1 {
+                    if c[0] % 8 >= 5 {
+                        sums.push(name.clone());
+                    }
+                } else if let Some(cut) = cuts.iter_mut().find(|(a, _)| *a == role) {
+                    cut.1.push(name.clone());
+                } else {
+                    cuts.push((role, vec![name.clone()]));
+                }
+            }
+            if sums.is_empty() {
+                PlacementSpec::Mesh { cuts }
+            } else {
+                PlacementSpec::Partial { sums, cuts }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+
+    #[test]
+    fn place_keeps_the_value_and_issues_the_plans_collectives(
+        ext in prop::collection::vec(1usize..=3, 1..=3),
+        shape in prop::collection::vec(prop_oneof![Just(0usize), Just(1), 2usize..=7], 0..=3),
+        a in prop::collection::vec(any::<u8>(), 6),
+        b in prop::collection::vec(any::<u8>(), 6),
+    ) {
+        let names = ["dp", "tp", "pp"];
+        let axes: Vec<(&str, usize)> = ext.iter().enumerate().map(|(i, &e)| (names[i], e)).collect();
+        let mesh = MeshSpec::new(&axes).unwrap();
+        let n = mesh.size();
+        let (from, to) = (spec_from(&a, &mesh, shape.len()), spec_from(&b, &mesh, shape.len()));
+        let numel: usize = shape.iter().product();
+        let strides: Vec<usize> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+        let flat = |idx: &[usize]| idx.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>();
+        let elements = |w: &region::Window| -> Vec<usize> {
+            let mut out = Vec::new();
+            let total: usize = w.iter().map(|r| r.len()).product();
+            for k in 0..total {
+                let mut rest = k;
+                let mut idx = vec![0; w.len()];
+                for d in (0..w.len()).rev() {
+                    let len = w[d].len();
+                    idx[d] = w[d].start + rest % len;
+                    rest /= len;
+                }
+                out.push(flat(&idx));
+            }
+            out
+        };
+        let result = sim::run(n, opts(), |c: SimComm| -> Result<(Vec<&'static str>, Vec<Op>)> {
+            Devices::with(Device::sims(n), |set| -> Result<(Vec<&'static str>, Vec<Op>)> {
+                let m = mesh.over(&set).unwrap();
+                let (p, q) = (from.over(&m).unwrap(), to.over(&m).unwrap());
+                let pl = plan(&p, &q, &shape, 4)?;
+                let r = c.rank();
+                // this rank's window at `from`: the value, or a term of a sum
+                let local = pl.old[r].as_ref().map(|w| {
+                    let t = p.term(r).unwrap();
+                    elements(w).into_iter().map(|i| match t { Some(t) => term(i, t), None => global(i) }).collect::<Vec<f32>>()
+                });
+                let counting = Counting { inner: c, log: Rc::new(RefCell::new(Vec::new())) };
+                let got = place(&counting, &pl, local)?;
+                // the closed value: the term-order sum where `from` is partial
+                let terms = p.terms();
+                let value = |i: usize| if p.is_partial() { (1..terms).fold(term(i, 0), |acc, t| acc + term(i, t)) } else { global(i) };
+                match (&pl.new[r], got) {
+                    (None, None) => {}
+                    (Some(w), Some(data)) => {
+                        let t = q.term(r).unwrap();
+                        // equal placements move nothing: a partial value keeps its terms
+                        let same = p.equal(&q);
+                        let want: Vec<f32> = elements(w).into_iter().map(|i| match t {
+                            Some(t) if same => term(i, t),
+                            Some(t) if t > 0 => 0.0,
+                            _ => value(i),
+                        }).collect();
+                        assert_eq!(data.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            "rank {r}: {from} -> {to} over {mesh} shape {shape:?}\n{pl}");
+                    }
+                    (w, d) => panic!("rank {r}: window {w:?}, data {:?}", d.map(|d| d.len())),
+                }
+                // the collectives this rank issued are the plan's steps it takes part in
+                let mine: Vec<Op> = pl.steps.iter().filter(|s| match s.op {
+                    Op::SendRecv => true,
+                    Op::LocalSlice | Op::ZeroFill => false,
+                    _ => s.groups.iter().any(|g| g.contains(&r)),
+                }).map(|s| s.op).collect();
+                let log = counting.log.borrow().clone();
+                Ok((log, mine))
+            }).unwrap()
+        });
+        let per_rank = result.unwrap_or_else(|e| panic!("{from} -> {to} over {mesh} shape {shape:?}: {e}"));
+        for (log, ops) in per_rank {
+            let want: Vec<&str> = ops.iter().map(|o| match o {
+                Op::AllGather => "all_gather",
+                Op::AllToAll | Op::SendRecv => "all_to_all",
+                Op::AllReduce => "all_reduce",
+                Op::ReduceScatter => "reduce_scatter",
+                Op::Broadcast => "broadcast",
+                _ => unreachable!(),
+            }).collect();
+            prop_assert_eq!(log, want);
+        }
+        let _ = numel;
+    }
+}
+
+#[test]
+fn place_between_two_device_sets_moves_only_the_overlaps() {
+    // a world of 6 ranks; the value moves from split(0) over ranks 0..4 to split(0) over 2..6
+    let got = sim::run(6, opts(), |c: SimComm| -> Result<Option<Vec<f32>>> {
+        Devices::with(Device::sims(4), |a| {
+            Devices::with((2..6).map(Device::sim).collect(), |b| -> Result<Option<Vec<f32>>> {
+                let p = nx_placement::Placement::split(0, &a).unwrap();
+                let q = nx_placement::Placement::split(0, &b).unwrap();
+                let pl = plan(&p, &q, &[10], 4)?;
+                assert_eq!(pl.steps[0].op, Op::SendRecv);
+                let r = c.rank();
+                let local = pl.old.get(r).cloned().flatten().map(|w| w[0].clone().map(|i| i as f32).collect());
+                place(&c, &pl, local)
+            })
+            .unwrap()
+        })
+        .unwrap()
+    })
+    .unwrap();
+    // sim:2..5 are b's devices 0..3 and hold [0,3) [3,6) [6,8) [8,10)
+    assert_eq!(got[0], None);
+    assert_eq!(got[1], None);
+    assert_eq!(got[2], Some(vec![0.0, 1.0, 2.0]));
+    assert_eq!(got[3], Some(vec![3.0, 4.0, 5.0]));
+    assert_eq!(got[4], Some(vec![6.0, 7.0]));
+    assert_eq!(got[5], Some(vec![8.0, 9.0]));
+}
