@@ -4,7 +4,8 @@
 //! [`Communicator`] is the contract every backend implements: rank, size, barrier, broadcast,
 //! all-reduce, reduce-scatter, all-gather and all-to-all (each with variable counts), send/recv,
 //! and `split` into a sub-communicator. Backends: [`sim`] (the ranks are threads of one process,
-//! reading each other's buffers where they lie) and, later, MPI and NCCL.
+//! reading each other's buffers where they lie) and [`mpi`] (feature `mpi`: one rank per process
+//! under `mpirun`). [`conformance::suite`] is the one conformance suite every backend runs.
 //!
 //! **Determinism.** All-reduce and reduce-scatter add the terms in rank order (term order), rank 0
 //! first, in every backend and for every size: the same bits on every rank, every run. Halves add
@@ -19,6 +20,8 @@
 use std::fmt;
 use std::panic::Location;
 
+pub mod conformance;
+pub mod mpi;
 pub mod place;
 mod reduce;
 pub mod sim;

@@ -5,7 +5,6 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use half::bf16;
 use nx_collectives::sim::{self, SimComm, SimOptions};
 use nx_collectives::{place, Communicator, Error, ReduceOp, Reducible, Result};
 use nx_placement::{plan, region, Device, Devices, MeshSpec, Op, PlacementSpec};
@@ -15,100 +14,11 @@ fn opts() -> SimOptions {
     SimOptions { checked: true, timeout: Duration::from_secs(20) }
 }
 
-/// Rank r's input of `len` elements: distinct, inexact values.
-fn input(r: usize, len: usize) -> Vec<f32> {
-    (0..len).map(|i| ((r * 7919 + i * 104_729) % 10_007) as f32 / 977.0 - 5.0).collect()
-}
-
 #[test]
-fn every_collective_on_1_to_8_ranks() {
+fn the_conformance_suite_on_1_to_8_ranks() {
     for n in 1..=8 {
-        let len = 3 * n + 1; // uneven on purpose
-        let out = sim::run(n, opts(), |c: SimComm| -> Result<()> {
-            let r = c.rank();
-            // all-reduce: the term-order sum, bit for bit
-            let mine = input(r, len);
-            let mut got = vec![0f32; len];
-            c.all_reduce(&mine, &mut got, ReduceOp::Sum)?;
-            let want: Vec<f32> =
-                (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc + input(q, len)[i])).collect();
-            assert_eq!(got, want, "all_reduce on {n} ranks");
-            // max and bf16 (summed in f32, rounded once)
-            c.all_reduce(&mine, &mut got, ReduceOp::Max)?;
-            assert!(got.iter().enumerate().all(|(i, &v)| (0..n).all(|q| input(q, len)[i] <= v)));
-            let halves: Vec<bf16> = mine.iter().map(|&x| bf16::from_f32(x)).collect();
-            let mut hs = vec![bf16::ZERO; len];
-            c.all_reduce(&halves, &mut hs, ReduceOp::Sum)?;
-            let want_h: Vec<bf16> = (0..len)
-                .map(|i| {
-                    let s = (1..n).fold(bf16::from_f32(input(0, len)[i]).to_f32(), |a, q| {
-                        a + bf16::from_f32(input(q, len)[i]).to_f32()
-                    });
-                    nx_kernels::dtype::convert::f32_to_bf16(s)
-                })
-                .collect();
-            assert_eq!(hs, want_h);
-            // reduce-scatter with uneven counts: rank q keeps q+1 elements
-            let counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
-            let total: usize = counts.iter().sum();
-            let send = input(r, total);
-            let mut part = vec![0f32; counts[r]];
-            c.reduce_scatter_v(&send, &mut part, &counts, ReduceOp::Sum)?;
-            let off: usize = counts[..r].iter().sum();
-            let want: Vec<f32> = (0..counts[r])
-                .map(|i| (1..n).fold(input(0, total)[off + i], |a, q| a + input(q, total)[off + i]))
-                .collect();
-            assert_eq!(part, want);
-            // all-gather with uneven counts (rank q sends q elements; rank 0 sends none)
-            let counts: Vec<usize> = (0..n).collect();
-            let mut all = vec![0i32; counts.iter().sum()];
-            let mine: Vec<i32> = (0..r).map(|i| (r * 100 + i) as i32).collect();
-            c.all_gather_v(&mine, &mut all, &counts)?;
-            let want: Vec<i32> = (0..n).flat_map(|q| (0..q).map(move |i| (q * 100 + i) as i32)).collect();
-            assert_eq!(all, want);
-            // all-to-all with variable counts: rank r sends (r + j) % 3 elements to rank j
-            let send_counts: Vec<usize> = (0..n).map(|j| (r + j) % 3).collect();
-            let recv_counts: Vec<usize> = (0..n).map(|i| (i + r) % 3).collect();
-            let send: Vec<u16> =
-                (0..n).flat_map(|j| (0..(r + j) % 3).map(move |k| (r * 64 + j * 8 + k) as u16)).collect();
-            let mut recv = vec![0u16; recv_counts.iter().sum()];
-            c.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
-            let want: Vec<u16> =
-                (0..n).flat_map(|i| (0..(i + r) % 3).map(move |k| (i * 64 + r * 8 + k) as u16)).collect();
-            assert_eq!(recv, want);
-            // broadcast from the last rank
-            let mut b: Vec<f64> = if r == n - 1 { vec![1.5, -2.0, 3.25] } else { vec![0.0; 3] };
-            c.broadcast(&mut b, n - 1)?;
-            assert_eq!(b, [1.5, -2.0, 3.25]);
-            // send/recv around a ring
-            if n > 1 {
-                let next = (r + 1) % n;
-                let prev = (r + n - 1) % n;
-                if r % 2 == 0 {
-                    c.send(&[r as u64; 2], next)?;
-                    let mut x = [0u64; 2];
-                    c.recv(&mut x, prev)?;
-                    assert_eq!(x, [prev as u64; 2]);
-                } else {
-                    let mut x = [0u64; 2];
-                    c.recv(&mut x, prev)?;
-                    assert_eq!(x, [prev as u64; 2]);
-                    c.send(&[r as u64; 2], next)?;
-                }
-            }
-            // split into even and odd ranks, ordered backwards
-            let sub = c.split(Some(r % 2), n - r)?.expect("a color was given");
-            assert_eq!(sub.size(), (0..n).filter(|q| q % 2 == r % 2).count());
-            let mut s = [0u32];
-            sub.all_reduce(&[r as u32], &mut s, ReduceOp::Sum)?;
-            assert_eq!(s[0] as usize, (0..n).filter(|q| q % 2 == r % 2).sum::<usize>());
-            assert!(c.split(None, 0)?.is_none());
-            c.barrier()?;
-            // empty buffers
-            c.all_reduce::<f32>(&[], &mut [], ReduceOp::Sum)?;
-            Ok(())
-        });
-        out.unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+        sim::run(n, opts(), |c: SimComm| nx_collectives::conformance::suite(&c))
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
     }
 }
 

@@ -63,59 +63,106 @@ fn copy_bandwidth() -> f64 {
     median(runs)
 }
 
-/// Runs the collective benchmark; returns the report.
-pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
-    if a.backend != "sim" {
-        return Err(format!("nx bench collectives: backend {:?} is not built yet (sim is)", a.backend).into());
+/// (size index, op, median seconds) per measurement.
+type Times = Vec<(usize, usize, f64)>;
+
+/// A plain collective of op `k` on (send, recv).
+type Plain<'a> = &'a dyn Fn(usize, &[f32], &mut [f32]);
+
+/// Times every op at every size on `c` between barriers. `plain`, where given, runs the MPI
+/// library's own collective of that op instead.
+fn time_ops<C: Communicator>(
+    c: &C,
+    sizes: &[usize],
+    reps: usize,
+    plain: Option<Plain<'_>>,
+) -> nx::collectives::Result<Times> {
+    let (n, r) = (c.size(), c.rank());
+    let max_elems = sizes.last().copied().unwrap_or(0) / 4;
+    let send: Vec<f32> = (0..max_elems).map(|i| (i % 97) as f32 + r as f32).collect();
+    let mut recv = vec![0f32; max_elems];
+    let mut out = Vec::new();
+    for (si, &bytes) in sizes.iter().enumerate() {
+        let elems = bytes / 4;
+        let per = elems / n;
+        for op in 0..4 {
+            let mut ts = Vec::new();
+            for rep in 0..=reps {
+                c.barrier()?;
+                let t = Instant::now();
+                let (s, rv): (&[f32], &mut [f32]) = match op {
+                    0 => (&send[..elems], &mut recv[..elems]),
+                    1 => (&send[..per], &mut recv[..per * n]),
+                    2 => (&send[..per * n], &mut recv[..per]),
+                    _ => (&send[..per * n], &mut recv[..per * n]),
+                };
+                match (plain, op) {
+                    (Some(p), _) => p(op, s, rv),
+                    (None, 0) => c.all_reduce(s, rv, ReduceOp::Sum)?,
+                    (None, 1) => c.all_gather(s, rv)?,
+                    (None, 2) => c.reduce_scatter(s, rv, ReduceOp::Sum)?,
+                    (None, _) => c.all_to_all(s, rv)?,
+                }
+                c.barrier()?;
+                if rep > 0 {
+                    ts.push(t.elapsed().as_secs_f64());
+                }
+            }
+            out.push((si, op, median(ts)));
+        }
     }
-    let n = a.ranks;
-    let bw = copy_bandwidth();
+    Ok(out)
+}
+
+/// (rank, size, nx's times, plain MPI's times) of this MPI rank.
+type MpiTimes = (usize, usize, Times, Times);
+
+#[cfg(feature = "mpi")]
+fn mpi_times(sizes: &[usize], reps: usize) -> Result<MpiTimes, Error> {
+    use nx::collectives::mpi::{self, MpiComm, MpiOptions};
+    let opts = MpiOptions { checked: false, timeout: Duration::from_secs(600) };
+    Ok(mpi::run(opts, |c: MpiComm| -> nx::collectives::Result<MpiTimes> {
+        let ours = time_ops(&c, sizes, reps, None)?;
+        let plain = |op: usize, s: &[f32], r: &mut [f32]| match op {
+            0 => c.plain_all_reduce_sum(s, r),
+            1 => c.plain_all_gather(s, r),
+            2 => c.plain_reduce_scatter_sum(s, r),
+            _ => c.plain_all_to_all(s, r),
+        };
+        let theirs = time_ops(&c, sizes, reps, Some(&plain))?;
+        Ok((c.rank(), c.size(), ours, theirs))
+    })?)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_times(_: &[usize], _: usize) -> Result<MpiTimes, Error> {
+    Err("nx bench collectives: this nx was built without the `mpi` feature (cargo build --features mpi)".into())
+}
+
+/// Runs the collective benchmark; returns the report (empty on MPI ranks other than 0).
+pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
     let sizes: Vec<usize> =
         std::iter::successors(Some(4096usize), |&s| Some(s * 4)).take_while(|&s| s <= a.max_bytes).collect();
     let reps = a.repeats.max(1);
-    let opts = SimOptions { checked: false, timeout: Duration::from_secs(600) };
-    let max_elems = a.max_bytes / 4;
-    // Each rank times every op at every size between barriers; rank 0's times are reported.
-    let times = sim::run(n, opts, |c: SimComm| -> nx::collectives::Result<Vec<(usize, usize, f64)>> {
-        let r = c.rank();
-        let send: Vec<f32> = (0..max_elems).map(|i| (i % 97) as f32 + r as f32).collect();
-        let mut recv = vec![0f32; max_elems];
-        let mut out = Vec::new();
-        for (si, &bytes) in sizes.iter().enumerate() {
-            let elems = bytes / 4;
-            for op in 0..4 {
-                let mut ts = Vec::new();
-                for rep in 0..=reps {
-                    c.barrier()?;
-                    let t = Instant::now();
-                    match op {
-                        0 => c.all_reduce(&send[..elems], &mut recv[..elems], ReduceOp::Sum)?,
-                        1 => {
-                            let per = elems / n;
-                            c.all_gather(&send[..per], &mut recv[..per * n])?
-                        }
-                        2 => {
-                            let per = elems / n;
-                            c.reduce_scatter(&send[..per * n], &mut recv[..per], ReduceOp::Sum)?
-                        }
-                        _ => {
-                            let per = elems / n;
-                            c.all_to_all(&send[..per * n], &mut recv[..per * n])?
-                        }
-                    }
-                    c.barrier()?;
-                    if rep > 0 {
-                        ts.push(t.elapsed().as_secs_f64());
-                    }
-                }
-                out.push((si, op, median(ts)));
-            }
+    let bw = copy_bandwidth();
+    let (backend, n, times, plain): (&'static str, usize, Times, Option<Times>) = match a.backend.as_str() {
+        "sim" => {
+            let opts = SimOptions { checked: false, timeout: Duration::from_secs(600) };
+            let t = sim::run(a.ranks, opts, |c: SimComm| time_ops(&c, &sizes, reps, None))?;
+            ("sim", a.ranks, t[0].clone(), None)
         }
-        Ok(out)
-    })?;
+        "mpi" => {
+            let (rank, n, ours, theirs) = mpi_times(&sizes, reps)?;
+            if rank != 0 {
+                return Ok(String::new());
+            }
+            ("mpi", n, ours, Some(theirs))
+        }
+        other => return Err(format!("nx bench collectives: unknown backend {other:?} (sim, mpi)").into()),
+    };
     let names = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"];
     let nf = n as f64;
-    let rows: Vec<Row> = times[0]
+    let rows: Vec<Row> = times
         .iter()
         .map(|&(si, op, t)| {
             let b = sizes[si] as f64;
@@ -129,7 +176,7 @@ pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
             let limit = traffic / bw;
             Row {
                 op: names[op],
-                backend: "sim",
+                backend,
                 bytes: sizes[si],
                 n,
                 seconds: t,
@@ -140,21 +187,36 @@ pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
             }
         })
         .collect();
+    let plain_of =
+        |si: usize, op: usize| plain.as_ref().and_then(|p| p.iter().find(|x| x.0 == si && x.1 == op)).map(|x| x.2);
     if a.json {
-        return Ok(rows.iter().map(|r| serde_json::to_string(r).expect("plain data")).collect::<Vec<_>>().join("\n"));
+        let lines: Vec<String> = rows
+            .iter()
+            .zip(&times)
+            .map(|(r, &(si, op, _))| {
+                let mut v = serde_json::to_value(r).expect("plain data");
+                if let Some(p) = plain_of(si, op) {
+                    v["plain_mpi_seconds"] = serde_json::json!(p);
+                }
+                v.to_string()
+            })
+            .collect();
+        return Ok(lines.join("\n"));
     }
     let mut text = format!(
-        "collectives on the sim backend, {n} ranks; copy bandwidth {:.1} GB/s (read + written); medians of {reps} runs\n",
+        "collectives on the {backend} backend, {n} ranks; copy bandwidth {:.1} GB/s (read + written); medians of {reps} runs\n",
         bw / 1e9
     );
-    for name in names {
+    let extra = if plain.is_some() { format!(" {:>14}", "plain MPI(us)") } else { String::new() };
+    for (k, name) in names.iter().enumerate() {
         text.push_str(&format!(
-            "\n# {name}\n{:>12} {:>12} {:>10} {:>10} {:>12} {:>7}\n",
+            "\n# {name}\n{:>12} {:>12} {:>10} {:>10} {:>12} {:>7}{extra}\n",
             "size(B)", "time(us)", "algbw", "busbw", "floor(us)", "ratio"
         ));
-        for r in rows.iter().filter(|r| r.op == name) {
+        for (r, &(si, _, _)) in rows.iter().zip(&times).filter(|(r, _)| r.op == *name) {
+            let p = plain_of(si, k).map_or(String::new(), |p| format!(" {:>14.1}", p * 1e6));
             text.push_str(&format!(
-                "{:>12} {:>12.1} {:>10.2} {:>10.2} {:>12.1} {:>7.2}\n",
+                "{:>12} {:>12.1} {:>10.2} {:>10.2} {:>12.1} {:>7.2}{p}\n",
                 r.bytes,
                 r.seconds * 1e6,
                 r.algbw,

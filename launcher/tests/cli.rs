@@ -128,7 +128,7 @@ fn bench_collectives_reports_nccl_style_json() {
         }
         assert_eq!(r["n"], 3);
     }
-    let o = nx(&["bench", "collectives", "--backend", "mpi"]);
+    let o = nx(&["bench", "collectives", "--backend", "carrier-pigeon"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not built yet"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown backend \"carrier-pigeon\""));
 }

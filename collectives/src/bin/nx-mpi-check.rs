@@ -1,0 +1,58 @@
+//! `nx-mpi-check MODE`: the collectives conformance suite and its failure cases on the MPI backend,
+//! one rank per process under `mpirun`. Exits 0 when every rank passes; a failing rank is reported
+//! and the job aborted.
+//!
+//! Modes: `conformance` (the suite, every collective and `place`), `mismatch` (the last rank calls
+//! another collective), `skip` (rank 1 skips a barrier; a 3 s timeout), `checksum` (prints rank 0's
+//! bits of an all-reduce, to compare with the simulated backend's).
+
+use std::time::Duration;
+
+use nx_collectives::mpi::{self, MpiOptions};
+use nx_collectives::{conformance, Communicator, ReduceOp};
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "conformance".into());
+    let opts = MpiOptions { checked: true, timeout: Duration::from_secs(if mode == "skip" { 3 } else { 60 }) };
+    let out = mpi::run(opts, |c| -> nx_collectives::Result<()> {
+        match mode.as_str() {
+            "conformance" => {
+                conformance::suite(&c)?;
+                if c.rank() == 0 {
+                    println!("conformance passed on {} ranks", c.size());
+                }
+            }
+            "mismatch" => {
+                if c.rank() == c.size() - 1 {
+                    let mut out = vec![0f32; 4 * c.size()];
+                    c.all_gather(&[0f32; 4], &mut out)?;
+                } else {
+                    let mut out = vec![0f32; 16];
+                    c.all_reduce(&[0f32; 16], &mut out, ReduceOp::Sum)?;
+                }
+            }
+            "skip" => {
+                if c.rank() != 1 {
+                    c.barrier()?;
+                } else {
+                    std::thread::sleep(Duration::from_secs(8));
+                }
+            }
+            "checksum" => {
+                let len = 1001;
+                let mut got = vec![0f32; len];
+                c.all_reduce(&conformance::input(c.rank(), len), &mut got, ReduceOp::Sum)?;
+                if c.rank() == 0 {
+                    let sum: u64 = got.iter().map(|x| u64::from(x.to_bits())).sum();
+                    println!("checksum {sum}");
+                }
+            }
+            other => panic!("unknown mode {other:?}"),
+        }
+        Ok(())
+    });
+    if let Err(e) = out {
+        eprintln!("nx-mpi-check: {e}");
+        std::process::exit(2);
+    }
+}

@@ -1,0 +1,182 @@
+//! The conformance suite: one body, generic over the backend, that every backend runs on every
+//! rank (tests of the simulated backend call it on 1–8 ranks; the MPI tests under `mpirun`).
+//!
+//! Every expected value is computed on each rank alone, in term order, from the ranks' known
+//! inputs, and compared bit for bit: a backend that passes gives the same bits as every other.
+
+use half::bf16;
+use nx_placement::{plan, region, Device, Devices, Mesh, PlacementSpec};
+
+use crate::{place, Communicator, Error, ReduceOp, Result};
+
+/// Rank r's input of `len` elements: distinct, inexact values.
+pub fn input(r: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((r * 7919 + i * 104_729) % 10_007) as f32 / 977.0 - 5.0).collect()
+}
+
+fn check<T: PartialEq + std::fmt::Debug>(what: &str, rank: usize, got: &T, want: &T) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Invalid {
+            func: "nx_collectives::conformance",
+            why: format!("{what} on rank {rank}: got {got:?}, want {want:?}"),
+        })
+    }
+}
+
+/// Runs every collective on `c` with uneven counts and empty buffers, and checks each result.
+///
+/// # Errors
+/// [`Error::Invalid`] describing the first wrong result; any error of the collectives.
+pub fn suite<C: Communicator>(c: &C) -> Result<()> {
+    let (n, r) = (c.size(), c.rank());
+    let len = 3 * n + 1; // uneven on purpose
+    let mine = input(r, len);
+    let mut got = vec![0f32; len];
+    c.all_reduce(&mine, &mut got, ReduceOp::Sum)?;
+    let want: Vec<f32> = (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc + input(q, len)[i])).collect();
+    check("all_reduce sum", r, &bits(&got), &bits(&want))?;
+    c.all_reduce(&mine, &mut got, ReduceOp::Max)?;
+    let want: Vec<f32> = (0..len).map(|i| (0..n).map(|q| input(q, len)[i]).fold(f32::NEG_INFINITY, f32::max)).collect();
+    check("all_reduce max", r, &got, &want)?;
+    // halves add in f32 and round once
+    let halves: Vec<bf16> = mine.iter().map(|&x| bf16::from_f32(x)).collect();
+    let mut hs = vec![bf16::ZERO; len];
+    c.all_reduce(&halves, &mut hs, ReduceOp::Sum)?;
+    let want: Vec<bf16> = (0..len)
+        .map(|i| {
+            let s = (1..n)
+                .fold(bf16::from_f32(input(0, len)[i]).to_f32(), |a, q| a + bf16::from_f32(input(q, len)[i]).to_f32());
+            nx_kernels::dtype::convert::f32_to_bf16(s)
+        })
+        .collect();
+    check("all_reduce bf16", r, &hs, &want)?;
+    // reduce-scatter, uneven: rank q keeps q + 1 elements
+    let counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
+    let total: usize = counts.iter().sum();
+    let mut part = vec![0f32; counts[r]];
+    c.reduce_scatter_v(&input(r, total), &mut part, &counts, ReduceOp::Sum)?;
+    let off: usize = counts[..r].iter().sum();
+    let want: Vec<f32> =
+        (0..counts[r]).map(|i| (1..n).fold(input(0, total)[off + i], |a, q| a + input(q, total)[off + i])).collect();
+    check("reduce_scatter", r, &bits(&part), &bits(&want))?;
+    // all-gather, uneven: rank q sends q elements (rank 0 none)
+    let counts: Vec<usize> = (0..n).collect();
+    let mut all = vec![0i32; counts.iter().sum()];
+    let send: Vec<i32> = (0..r).map(|i| (r * 100 + i) as i32).collect();
+    c.all_gather_v(&send, &mut all, &counts)?;
+    let want: Vec<i32> = (0..n).flat_map(|q| (0..q).map(move |i| (q * 100 + i) as i32)).collect();
+    check("all_gather", r, &all, &want)?;
+    // all-to-all, variable: rank r sends (r + j) % 3 elements to rank j
+    let send_counts: Vec<usize> = (0..n).map(|j| (r + j) % 3).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|i| (i + r) % 3).collect();
+    let send: Vec<u16> = (0..n).flat_map(|j| (0..(r + j) % 3).map(move |k| (r * 64 + j * 8 + k) as u16)).collect();
+    let mut recv = vec![0u16; recv_counts.iter().sum()];
+    c.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
+    let want: Vec<u16> = (0..n).flat_map(|i| (0..(i + r) % 3).map(move |k| (i * 64 + r * 8 + k) as u16)).collect();
+    check("all_to_all", r, &recv, &want)?;
+    // broadcast from the last rank
+    let mut b: Vec<f64> = if r == n - 1 { vec![1.5, -2.0, 3.25] } else { vec![0.0; 3] };
+    c.broadcast(&mut b, n - 1)?;
+    check("broadcast", r, &b, &vec![1.5, -2.0, 3.25])?;
+    // send/recv around a ring
+    if n > 1 {
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let mut x = [0u64; 2];
+        if r % 2 == 0 {
+            c.send(&[r as u64; 2], next)?;
+            c.recv(&mut x, prev)?;
+        } else {
+            c.recv(&mut x, prev)?;
+            c.send(&[r as u64; 2], next)?;
+        }
+        check("send/recv", r, &x, &[prev as u64; 2])?;
+    }
+    // split into even and odd ranks, numbered backwards
+    let sub = c.split(Some(r % 2), n - r)?.expect("a color was given");
+    let peers: Vec<usize> = (0..n).filter(|q| q % 2 == r % 2).collect();
+    check("split size", r, &sub.size(), &peers.len())?;
+    check("split rank", r, &sub.rank(), &(peers.len() - 1 - peers.iter().position(|&q| q == r).expect("in")))?;
+    let mut s = [0u32];
+    sub.all_reduce(&[r as u32], &mut s, ReduceOp::Sum)?;
+    check("split all_reduce", r, &(s[0] as usize), &peers.iter().sum())?;
+    if c.split(None, 0)?.is_some() {
+        return Err(Error::Invalid { func: "nx_collectives::conformance", why: "split(None) gave a group".into() });
+    }
+    c.barrier()?;
+    c.all_reduce::<f32>(&[], &mut [], ReduceOp::Sum)?;
+    places(c)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The global value's element at flat index i, and term t's share of it.
+fn global(i: usize) -> f32 {
+    ((i * 7919) % 1009) as f32 / 31.0 - 16.0
+}
+fn term(i: usize, t: usize) -> f32 {
+    global(i) / 3.0 + t as f32 * 0.25
+}
+
+/// Runs [`place`] for a fixed set of transitions on a mesh of `c.size()` devices (a 2-axis mesh
+/// where the size allows) and checks each rank's window bit for bit against the global value (the
+/// term-order sum of a partial one).
+///
+/// # Errors
+/// As [`suite`].
+pub fn places<C: Communicator>(c: &C) -> Result<()> {
+    let n = c.size();
+    let (a, b) = if n % 2 == 0 && n > 2 { (2, n / 2) } else { (1, n) };
+    let specs = [
+        ("mesh(0:dp.tp)", "mesh()"),
+        ("mesh(0:tp)", "mesh(1:tp)"),
+        ("partial(tp; 0:dp)", "mesh(0:dp.tp)"),
+        ("partial(dp.tp)", "on"),
+        ("device(0)", "on"),
+        ("mesh(1:dp, 0:tp)", "mesh(0:dp)"),
+        ("on", "partial(tp)"),
+        ("split(1)", "mesh(0:tp.dp)"),
+    ];
+    let shape = [2 * n + 1, n + 2];
+    for (from, to) in specs {
+        let (fs, ts): (PlacementSpec, PlacementSpec) = (from.parse()?, to.parse()?);
+        Devices::with(Device::sims(n), |set| -> Result<()> {
+            let m = Mesh::new(&set, &[("dp", a), ("tp", b)]).map_err(nx_placement::Error::from)?;
+            let (p, q) = (fs.over(&m)?, ts.over(&m)?);
+            let pl = plan(&p, &q, &shape, 4)?;
+            let r = c.rank();
+            let elements = |w: &region::Window| -> Vec<usize> {
+                let mut out = Vec::new();
+                for i in w[0].clone() {
+                    for j in w[1].clone() {
+                        out.push(i * shape[1] + j);
+                    }
+                }
+                out
+            };
+            let local = pl.old[r].as_ref().map(|w| {
+                let t = p.term(r).expect("a device of the set");
+                elements(w).into_iter().map(|i| t.map_or(global(i), |t| term(i, t))).collect::<Vec<f32>>()
+            });
+            let got = place(c, &pl, local)?;
+            let terms = p.terms();
+            let value = |i: usize| {
+                if p.is_partial() {
+                    (1..terms).fold(term(i, 0), |acc, t| acc + term(i, t))
+                } else {
+                    global(i)
+                }
+            };
+            let want = pl.new[r].as_ref().map(|w| {
+                let t = q.term(r).expect("a device of the set").unwrap_or(0);
+                elements(w).into_iter().map(|i| if t > 0 { 0.0 } else { value(i) }).collect::<Vec<f32>>()
+            });
+            check(&format!("place {from} -> {to}"), r, &got.map(|g| bits(&g)), &want.map(|w| bits(&w)))
+        })
+        .map_err(nx_placement::Error::from)??;
+    }
+    Ok(())
+}

@@ -1,0 +1,610 @@
+//! The MPI backend (feature `mpi`): this process is one rank under `mpirun`.
+//!
+//! MPI moves bytes; nx reduces them. A reduce-scatter is an `MPI_Alltoallv` of the blocks
+//! followed by a local sum in rank (term) order, an all-reduce that reduce-scatter then an
+//! `MPI_Allgatherv` of the chunks — the same bits as the simulated backend, for the same bytes as
+//! MPI's ring (2·S·(n−1)/n a rank), never `MPI_Allreduce`'s unspecified order.
+//!
+//! Before each collective the ranks exchange fingerprints point to point, non-blocking, against a
+//! deadline: a mismatch is an [`crate::Error::Mismatch`] on every rank naming both calls; a rank that
+//! does not arrive within the timeout is named in an [`crate::Error::Timeout`]. [`run`] reports a
+//! failing rank
+//! and aborts the job (`MPI_Abort`), so that `mpirun` stops the others.
+//!
+//! Without the feature the same names are here and [`run`] answers [`Error::Invalid`] saying so.
+
+use std::time::Duration;
+
+/// Settings of the MPI backend, passed explicitly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpiOptions {
+    /// Agree on full fingerprints (sequence, op, dtype, counts, call site); op, dtype and counts
+    /// are always checked.
+    pub checked: bool,
+    /// How long a collective waits for its peers' fingerprints before failing.
+    pub timeout: Duration,
+}
+
+impl Default for MpiOptions {
+    /// Checked in debug builds, five minutes' timeout.
+    fn default() -> Self {
+        MpiOptions { checked: cfg!(debug_assertions), timeout: Duration::from_secs(300) }
+    }
+}
+
+/// Whether this process was started by `mpirun` (Open MPI's or a PMI launcher's variables).
+pub fn under_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"].iter().any(|v| std::env::var_os(v).is_some())
+}
+
+#[cfg(not(feature = "mpi"))]
+/// Runs `body` on this process's rank (not built: the `mpi` feature is off).
+///
+/// # Errors
+/// Always [`crate::Error::Invalid`]: this build of nx has no MPI backend.
+pub fn run<R, E: std::fmt::Display>(
+    _opts: MpiOptions,
+    _body: impl FnOnce(MpiComm) -> std::result::Result<R, E>,
+) -> crate::Result<R> {
+    Err(crate::Error::Invalid {
+        func: "nx_collectives::mpi::run",
+        why: "this build of nx has no MPI backend: build with the `mpi` feature (needs libopenmpi-dev and libclang)"
+            .into(),
+    })
+}
+
+#[cfg(not(feature = "mpi"))]
+/// A communicator over MPI ranks (not built: the `mpi` feature is off).
+#[derive(Debug)]
+pub enum MpiComm {}
+
+#[cfg(feature = "mpi")]
+pub use imp::{run, MpiComm};
+
+#[cfg(feature = "mpi")]
+mod imp {
+    use std::cell::{Cell, RefCell};
+    use std::fmt::Display;
+    use std::panic::{AssertUnwindSafe, Location};
+    use std::time::Instant;
+
+    use mpi::datatype::{Partition, PartitionMut};
+    use mpi::request::StaticScope;
+    use mpi::topology::Communicator as _;
+    use mpi::topology::{Color, SimpleCommunicator};
+    use mpi::traits::{CommunicatorCollectives as _, Destination as _, Root as _, Source as _};
+    use mpi::Count;
+
+    use super::MpiOptions;
+    use crate::reduce::reduce_into;
+    use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
+
+    const FP_TAG: i32 = 7700;
+    const DATA_TAG: i32 = 7701;
+
+    /// A communicator over MPI ranks.
+    pub struct MpiComm {
+        comm: SimpleCommunicator,
+        world_rank: usize,
+        seq: Cell<u64>,
+        opts: MpiOptions,
+        /// Reused message memory (8-byte aligned): a fresh large buffer would fault its pages in
+        /// on every call, slower than the copy it serves.
+        scratch: RefCell<Vec<u64>>,
+    }
+
+    impl std::fmt::Debug for MpiComm {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "MpiComm(rank {} of {}, world rank {})", self.rank(), self.size(), self.world_rank)
+        }
+    }
+
+    /// Runs `body` on this process's rank with a communicator over the world, and returns what it
+    /// returns. A body that fails or panics is reported on stderr (`nx: rank R failed: …`) and the
+    /// job aborted, so that `mpirun` stops every rank and exits non-zero.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] where MPI cannot be initialised (twice in one process, say).
+    pub fn run<R, E: Display>(opts: MpiOptions, body: impl FnOnce(MpiComm) -> std::result::Result<R, E>) -> Result<R> {
+        let universe = mpi::initialize().ok_or_else(|| Error::Invalid {
+            func: "nx_collectives::mpi::run",
+            why: "MPI is initialised already".into(),
+        })?;
+        let world = universe.world();
+        let rank = world.rank() as usize;
+        let comm = MpiComm {
+            comm: world.duplicate(),
+            world_rank: rank,
+            seq: Cell::new(0),
+            opts,
+            scratch: RefCell::new(Vec::new()),
+        };
+        let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
+        let why = match out {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => e.to_string(),
+            Err(p) => format!(
+                "panicked: {}",
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            ),
+        };
+        eprintln!("nx: rank {rank} failed: {why}");
+        world.abort(1)
+    }
+
+    fn bytes<T: Copy>(s: &[T]) -> &[u8] {
+        // SAFETY: nx's elements are plain data without padding; any initialised memory reads as bytes.
+        unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
+    }
+
+    fn bytes_mut<T: Reducible>(s: &mut [T]) -> &mut [u8] {
+        // SAFETY: as `bytes`; peers write values of the same dtype (checked by fingerprints), so
+        // every element written is one of `T`'s values (a bool 0 or 1).
+        unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
+    }
+
+    fn count(n: usize, func: &'static str) -> Result<Count> {
+        Count::try_from(n).map_err(|_| Error::Invalid { func, why: format!("{n} bytes exceed MPI's count range") })
+    }
+
+    fn displs(counts: &[Count]) -> Vec<Count> {
+        counts
+            .iter()
+            .scan(0, |acc, &c| {
+                let d = *acc;
+                *acc += c;
+                Some(d)
+            })
+            .collect()
+    }
+
+    /// A fingerprint record: `seq`, then the shape key, the words and the extra counts, each on
+    /// a line.
+    fn record(fp: &Fingerprint, extra: &[usize]) -> Vec<u8> {
+        let extra: Vec<String> = extra.iter().map(|x| x.to_string()).collect();
+        format!("{}\n{}|{:?}|{:?}\n{fp}\n{}", fp.seq, fp.op, fp.dtype, fp.counts, extra.join(",")).into_bytes()
+    }
+
+    struct Record {
+        seq: String,
+        shape: String,
+        words: String,
+        extra: Vec<usize>,
+    }
+
+    fn parse(b: &[u8]) -> Record {
+        let text = String::from_utf8_lossy(b);
+        let mut lines = text.split('\n');
+        let mut next = || lines.next().unwrap_or("").to_string();
+        let (seq, shape, words, extra) = (next(), next(), next(), next());
+        Record { seq, shape, words, extra: extra.split(',').filter_map(|x| x.parse().ok()).collect() }
+    }
+
+    impl MpiComm {
+        #[track_caller]
+        fn fingerprint(&self, op: &'static str, dtype: Option<nx_kernels::Dtype>, counts: Vec<usize>) -> Fingerprint {
+            let seq = self.seq.get();
+            self.seq.set(seq + 1);
+            Fingerprint { seq, op, dtype, counts, site: Location::caller() }
+        }
+
+        fn world_of(&self, r: usize) -> usize {
+            // ranks of sub-communicators are reported as they number themselves; world ranks
+            // travel in the records for messages that name peers
+            r
+        }
+
+        /// Sends this rank's record to each of `peers` and receives theirs, against the deadline.
+        /// Answers the records by peer (this rank's own in its place).
+        fn exchange(&self, fp: &Fingerprint, extra: &[usize], peers: &[usize]) -> Result<Vec<Option<Record>>> {
+            const LEN: usize = 4096;
+            let mut mine = record(fp, extra);
+            mine.truncate(LEN - 16);
+            let mut framed = (mine.len() as u64).to_le_bytes().to_vec();
+            framed.extend(&mine);
+            framed.resize(LEN, 0);
+            // 'static buffers: on a timeout the requests are abandoned with them (the job ends).
+            let send: &'static [u8] = Box::leak(framed.into_boxed_slice());
+            let mut recvs: Vec<(usize, *mut [u8])> = Vec::new();
+            let mut pending = Vec::new();
+            let mut sends = Vec::new();
+            for &j in peers {
+                let buf: &'static mut [u8] = Box::leak(vec![0u8; LEN].into_boxed_slice());
+                recvs.push((j, buf as *mut [u8]));
+                let p = self.comm.process_at_rank(j as i32);
+                sends.push(p.immediate_send_with_tag(StaticScope, send, FP_TAG));
+                pending.push((j, p.immediate_receive_into_with_tag(StaticScope, buf, FP_TAG)));
+            }
+            let start = Instant::now();
+            while !pending.is_empty() {
+                let mut still = Vec::new();
+                for (j, req) in pending {
+                    match req.test() {
+                        Ok(_) => {}
+                        Err(req) => still.push((j, req)),
+                    }
+                }
+                pending = still;
+                if pending.is_empty() {
+                    break;
+                }
+                if start.elapsed() >= self.opts.timeout {
+                    let missing: Vec<usize> = pending.iter().map(|(j, _)| *j).collect();
+                    pending.into_iter().for_each(|(_, r)| std::mem::forget(r));
+                    sends.into_iter().for_each(std::mem::forget);
+                    return Err(Error::Timeout {
+                        rank: self.world_rank,
+                        call: fp.to_string(),
+                        waited_s: start.elapsed().as_secs_f64(),
+                        missing,
+                    });
+                }
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+            for s in sends {
+                s.wait();
+            }
+            let mut out: Vec<Option<Record>> = (0..self.size()).map(|_| None).collect();
+            for (j, raw) in recvs {
+                // SAFETY: the receive into `raw` completed above; the box came from `Box::leak`.
+                let b = unsafe { Box::from_raw(raw) };
+                let len = u64::from_le_bytes(b[..8].try_into().expect("8 bytes")) as usize;
+                out[j] = Some(parse(&b[8..8 + len.min(LEN - 8)]));
+            }
+            // SAFETY: every send completed; the box came from `Box::leak`.
+            drop(unsafe { Box::from_raw(send as *const [u8] as *mut [u8]) });
+            Ok(out)
+        }
+
+        /// Agrees on the fingerprint with every rank (or the `peers` of a send/recv) before any
+        /// byte moves; answers every rank's extra counts.
+        fn agree(&self, fp: &Fingerprint, extra: &[usize], peers: Option<&[usize]>) -> Result<Vec<Vec<usize>>> {
+            let me = self.rank();
+            let everyone: Vec<usize> = (0..self.size()).filter(|&j| j != me).collect();
+            let peers = peers.unwrap_or(&everyone);
+            let mut recs = self.exchange(fp, extra, peers)?;
+            recs[me] = Some(parse(&record(fp, extra)));
+            let ids: Vec<usize> = (0..self.size()).filter(|j| recs[*j].is_some()).collect();
+            let first = ids[0];
+            let a = recs[first].as_ref().expect("present");
+            for &j in &ids[1..] {
+                let b = recs[j].as_ref().expect("present");
+                let same = a.shape == b.shape && (!self.opts.checked || (a.seq == b.seq && a.words == b.words));
+                if !same {
+                    return Err(Error::Mismatch {
+                        rank_a: self.world_of(first),
+                        call_a: a.words.clone(),
+                        rank_b: self.world_of(j),
+                        call_b: b.words.clone(),
+                    });
+                }
+            }
+            Ok(recs.into_iter().map(|r| r.map(|r| r.extra).unwrap_or_default()).collect())
+        }
+
+        fn op_fp(&self, what: &'static str, op: ReduceOp) -> &'static str {
+            match (what, op) {
+                ("all_reduce", ReduceOp::Sum) => "all_reduce_sum",
+                ("all_reduce", ReduceOp::Prod) => "all_reduce_prod",
+                ("all_reduce", ReduceOp::Max) => "all_reduce_max",
+                ("all_reduce", ReduceOp::Min) => "all_reduce_min",
+                (_, ReduceOp::Sum) => "reduce_scatter_sum",
+                (_, ReduceOp::Prod) => "reduce_scatter_prod",
+                (_, ReduceOp::Max) => "reduce_scatter_max",
+                (_, ReduceOp::Min) => "reduce_scatter_min",
+            }
+        }
+
+        /// Runs `f` with `n` elements of `T` of this communicator's reused scratch memory (their
+        /// values are whatever the last call left: every bit pattern is a value of nx's dtypes).
+        fn with_scratch<T: Reducible, R>(&self, n: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+            let mut s = self.scratch.borrow_mut();
+            let words = (n * std::mem::size_of::<T>()).div_ceil(8);
+            if s.len() < words {
+                s.resize(words, 0);
+            }
+            // SAFETY: the buffer holds at least n·size_of::<T>() initialised bytes, 8-byte aligned
+            // (every dtype's alignment divides 8); bools are only ever read after MPI wrote valid
+            // bools there (dtypes agree by fingerprint) or after a reduction stored one.
+            let slice = unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<T>(), n) };
+            f(slice)
+        }
+
+        /// Block r of every rank's `send` (blocks of `counts`), gathered on rank r in rank order,
+        /// then reduced there in rank order into `recv`.
+        fn exchange_and_reduce<T: Reducible>(
+            &self,
+            send: &[T],
+            recv: &mut [T],
+            counts: &[usize],
+            op: ReduceOp,
+        ) -> Result<()> {
+            const FUNC: &str = "nx_collectives::mpi::reduce_scatter";
+            let n = self.size();
+            let size = std::mem::size_of::<T>();
+            let sc: Vec<Count> = counts.iter().map(|&c| count(c * size, FUNC)).collect::<Result<_>>()?;
+            let mine = recv.len();
+            let rc: Vec<Count> = (0..n).map(|_| count(std::mem::size_of_val(recv), FUNC)).collect::<Result<_>>()?;
+            self.with_scratch::<T, _>(mine * n, |blocks| {
+                {
+                    let (sd, rd) = (displs(&sc), displs(&rc));
+                    let part = Partition::new(bytes(send), &sc[..], &sd[..]);
+                    let mut rpart = PartitionMut::new(bytes_mut(blocks), &rc[..], &rd[..]);
+                    self.comm.all_to_all_varcount_into(&part, &mut rpart);
+                }
+                if mine > 0 {
+                    let terms: Vec<&[T]> = blocks.chunks(mine).take(n).collect();
+                    reduce_into(op, &terms, recv);
+                }
+            });
+            Ok(())
+        }
+    }
+
+    impl Communicator for MpiComm {
+        fn rank(&self) -> usize {
+            self.comm.rank() as usize
+        }
+
+        fn size(&self) -> usize {
+            self.comm.size() as usize
+        }
+
+        fn backend(&self) -> &'static str {
+            "mpi"
+        }
+
+        fn world_rank(&self) -> usize {
+            self.world_rank
+        }
+
+        #[track_caller]
+        fn barrier(&self) -> Result<()> {
+            let fp = self.fingerprint("barrier", None, Vec::new());
+            // every rank has sent its record to every other: all arrived
+            self.agree(&fp, &[], None).map(|_| ())
+        }
+
+        #[track_caller]
+        fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> Result<()> {
+            if root >= self.size() {
+                return Err(Error::Invalid {
+                    func: "nx_collectives::broadcast",
+                    why: format!("root {root} of a group of {}", self.size()),
+                });
+            }
+            let fp = self.fingerprint("broadcast", Some(T::DTYPE), vec![buf.len(), root]);
+            self.agree(&fp, &[], None)?;
+            if !buf.is_empty() {
+                self.comm.process_at_rank(root as i32).broadcast_into(bytes_mut(buf));
+            }
+            Ok(())
+        }
+
+        #[track_caller]
+        fn all_reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+            const FUNC: &str = "nx_collectives::all_reduce";
+            if send.len() != recv.len() {
+                return Err(Error::Invalid {
+                    func: FUNC,
+                    why: format!("send of {} and recv of {} elements", send.len(), recv.len()),
+                });
+            }
+            if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
+                return Err(Error::Invalid { func: FUNC, why: format!("{} has no {}", T::DTYPE, op.name()) });
+            }
+            let fp = self.fingerprint(self.op_fp("all_reduce", op), Some(T::DTYPE), vec![send.len()]);
+            self.agree(&fp, &[], None)?;
+            let (n, len) = (self.size(), send.len());
+            let counts: Vec<usize> = (0..n).map(|j| (j + 1) * len / n - j * len / n).collect();
+            let lo = self.rank() * len / n;
+            let mine = counts[self.rank()];
+            // this rank's chunk of the sum, reduced straight into its place in `recv`
+            self.exchange_and_reduce(send, &mut recv[lo..lo + mine], &counts, op)?;
+            let size = std::mem::size_of::<T>();
+            let c: Vec<Count> = counts.iter().map(|&x| count(x * size, FUNC)).collect::<Result<_>>()?;
+            let d = displs(&c);
+            // MPI_IN_PLACE is what this gather does: the chunk is copied out first (rsmpi takes
+            // separate buffers)
+            self.with_scratch::<T, _>(mine, |chunk| {
+                chunk.copy_from_slice(&recv[lo..lo + mine]);
+                let mut part = PartitionMut::new(bytes_mut(recv), &c[..], &d[..]);
+                self.comm.all_gather_varcount_into(bytes(chunk), &mut part);
+            });
+            Ok(())
+        }
+
+        #[track_caller]
+        fn reduce_scatter_v<T: Reducible>(
+            &self,
+            send: &[T],
+            recv: &mut [T],
+            counts: &[usize],
+            op: ReduceOp,
+        ) -> Result<()> {
+            const FUNC: &str = "nx_collectives::reduce_scatter_v";
+            if counts.len() != self.size()
+                || counts.iter().sum::<usize>() != send.len()
+                || counts[self.rank()] != recv.len()
+            {
+                return Err(Error::Invalid {
+                    func: FUNC,
+                    why: format!(
+                        "counts {counts:?} for send of {} and recv of {} on rank {} of {}",
+                        send.len(),
+                        recv.len(),
+                        self.rank(),
+                        self.size()
+                    ),
+                });
+            }
+            if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
+                return Err(Error::Invalid { func: FUNC, why: format!("{} has no {}", T::DTYPE, op.name()) });
+            }
+            let fp = self.fingerprint(self.op_fp("reduce_scatter", op), Some(T::DTYPE), counts.to_vec());
+            self.agree(&fp, &[], None)?;
+            self.exchange_and_reduce(send, recv, counts, op)
+        }
+
+        #[track_caller]
+        fn all_gather_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
+            const FUNC: &str = "nx_collectives::all_gather_v";
+            if counts.len() != self.size()
+                || counts[self.rank()] != send.len()
+                || counts.iter().sum::<usize>() != recv.len()
+            {
+                return Err(Error::Invalid {
+                    func: FUNC,
+                    why: format!(
+                        "counts {counts:?} for send of {} and recv of {} on rank {}",
+                        send.len(),
+                        recv.len(),
+                        self.rank()
+                    ),
+                });
+            }
+            let fp = self.fingerprint("all_gather", Some(T::DTYPE), counts.to_vec());
+            self.agree(&fp, &[], None)?;
+            let size = std::mem::size_of::<T>();
+            let c: Vec<Count> = counts.iter().map(|&x| count(x * size, FUNC)).collect::<Result<_>>()?;
+            let d = displs(&c);
+            let mut part = PartitionMut::new(bytes_mut(recv), &c[..], &d[..]);
+            self.comm.all_gather_varcount_into(bytes(send), &mut part);
+            Ok(())
+        }
+
+        #[track_caller]
+        fn all_to_all_v<T: Reducible>(
+            &self,
+            send: &[T],
+            send_counts: &[usize],
+            recv: &mut [T],
+            recv_counts: &[usize],
+        ) -> Result<()> {
+            const FUNC: &str = "nx_collectives::all_to_all_v";
+            let n = self.size();
+            if send_counts.len() != n
+                || recv_counts.len() != n
+                || send_counts.iter().sum::<usize>() != send.len()
+                || recv_counts.iter().sum::<usize>() != recv.len()
+            {
+                return Err(Error::Invalid {
+                    func: FUNC,
+                    why: format!("send counts {send_counts:?} for {} elements, recv counts {recv_counts:?} for {}, in a group of {n}", send.len(), recv.len()),
+                });
+            }
+            let fp = self.fingerprint("all_to_all", Some(T::DTYPE), vec![n]);
+            let extra: Vec<usize> = send_counts.iter().chain(recv_counts).copied().collect();
+            let all = self.agree(&fp, &extra, None)?;
+            for (j, sj) in all.iter().enumerate() {
+                for (m, sm) in all.iter().enumerate() {
+                    if sj[m] != sm[n + j] {
+                        return Err(Error::Mismatch {
+                            rank_a: j,
+                            call_a: format!("all_to_all sending {} elements to rank {m}", sj[m]),
+                            rank_b: m,
+                            call_b: format!("all_to_all receiving {} elements from rank {j}", sm[n + j]),
+                        });
+                    }
+                }
+            }
+            let size = std::mem::size_of::<T>();
+            let sc: Vec<Count> = send_counts.iter().map(|&x| count(x * size, FUNC)).collect::<Result<_>>()?;
+            let rc: Vec<Count> = recv_counts.iter().map(|&x| count(x * size, FUNC)).collect::<Result<_>>()?;
+            let (sd, rd) = (displs(&sc), displs(&rc));
+            let part = Partition::new(bytes(send), &sc[..], &sd[..]);
+            let mut rpart = PartitionMut::new(bytes_mut(recv), &rc[..], &rd[..]);
+            self.comm.all_to_all_varcount_into(&part, &mut rpart);
+            Ok(())
+        }
+
+        #[track_caller]
+        fn send<T: Reducible>(&self, buf: &[T], to: usize) -> Result<()> {
+            if to >= self.size() || to == self.rank() {
+                return Err(Error::Invalid {
+                    func: "nx_collectives::send",
+                    why: format!("to rank {to} from rank {} of {}", self.rank(), self.size()),
+                });
+            }
+            let fp = self.fingerprint("send", Some(T::DTYPE), vec![buf.len()]);
+            self.pair(&fp, to)?;
+            self.comm.process_at_rank(to as i32).send_with_tag(bytes(buf), DATA_TAG);
+            Ok(())
+        }
+
+        #[track_caller]
+        fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()> {
+            if from >= self.size() || from == self.rank() {
+                return Err(Error::Invalid {
+                    func: "nx_collectives::recv",
+                    why: format!("from rank {from} on rank {} of {}", self.rank(), self.size()),
+                });
+            }
+            let fp = self.fingerprint("recv", Some(T::DTYPE), vec![buf.len()]);
+            self.pair(&fp, from)?;
+            self.comm.process_at_rank(from as i32).receive_into_with_tag(bytes_mut(buf), DATA_TAG);
+            Ok(())
+        }
+
+        #[track_caller]
+        fn split(&self, color: Option<usize>, key: usize) -> Result<Option<MpiComm>> {
+            let fp = self.fingerprint("split", None, Vec::new());
+            self.agree(&fp, &[], None)?;
+            let c = match color {
+                Some(c) => Color::with_value(c as i32),
+                None => Color::undefined(),
+            };
+            Ok(self.comm.split_by_color_with_key(c, key as i32).map(|comm| MpiComm {
+                comm,
+                world_rank: self.world_rank,
+                seq: Cell::new(0),
+                opts: self.opts,
+                scratch: RefCell::new(Vec::new()),
+            }))
+        }
+    }
+
+    impl MpiComm {
+        /// The MPI library's own `MPI_Allreduce` (sum) of `f32`s, unchecked: the peer nx's
+        /// benchmarks compare with.
+        pub fn plain_all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) {
+            self.comm.all_reduce_into(send, recv, mpi::collective::SystemOperation::sum());
+        }
+
+        /// The MPI library's own `MPI_Allgather` of `f32`s, for comparisons.
+        pub fn plain_all_gather(&self, send: &[f32], recv: &mut [f32]) {
+            self.comm.all_gather_into(send, recv);
+        }
+
+        /// The MPI library's own `MPI_Reduce_scatter_block` (sum) of `f32`s, for comparisons.
+        pub fn plain_reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) {
+            self.comm.reduce_scatter_block_into(send, recv, mpi::collective::SystemOperation::sum());
+        }
+
+        /// The MPI library's own `MPI_Alltoall` of `f32`s, for comparisons.
+        pub fn plain_all_to_all(&self, send: &[f32], recv: &mut [f32]) {
+            self.comm.all_to_all_into(send, recv);
+        }
+
+        /// A send and its receive agree on dtype and length (the op names differ by design).
+        fn pair(&self, fp: &Fingerprint, peer: usize) -> Result<()> {
+            let shape = Fingerprint { op: "p2p", seq: 0, site: Location::caller(), ..fp.clone() };
+            let mut recs = self.exchange(&shape, &[], &[peer])?;
+            let theirs = recs[peer].take().expect("exchanged");
+            let ours = parse(&record(&shape, &[]));
+            if theirs.shape != ours.shape {
+                let (a, b) = if fp.op == "send" { (self.rank(), peer) } else { (peer, self.rank()) };
+                return Err(Error::Mismatch {
+                    rank_a: a,
+                    call_a: format!("send of {}", if a == self.rank() { &ours.shape } else { &theirs.shape }),
+                    rank_b: b,
+                    call_b: format!("recv of {}", if b == self.rank() { &ours.shape } else { &theirs.shape }),
+                });
+            }
+            Ok(())
+        }
+    }
+}
