@@ -7,7 +7,8 @@
 //! - [`kernels`]: local arrays, dtypes, layouts, buffers, the door and the host kernels;
 //! - [`collectives`]: communicators (the simulated backend) and the plan executor `place`.
 //!
-//! `nx::launch`, the MPI backend and distributed tensors are not built yet (see ARCHITECTURE.md).
+//! and, on top of them, [`launch`] (the SPMD entry point: a simulated mesh by default, MPI under
+//! `mpirun`) and [`Tensor`] (a distributed array whose ops propagate placements).
 //!
 //! ```
 //! use nx::{Device, Devices, Dtype, Mesh, Placement};
@@ -22,6 +23,12 @@
 //! .unwrap();
 //! ```
 
+mod launch;
+mod tensor;
+
+pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};
+pub use tensor::{from_f64, normal, Tensor};
+
 pub use nx_collectives as collectives;
 pub use nx_kernels as kernels;
 pub use nx_mesh as mesh;
@@ -31,16 +38,38 @@ pub use nx_kernels::{Dtype, Element};
 pub use nx_mesh::{Device, DeviceKind, Devices, Mesh, MeshSpec};
 pub use nx_placement::{Placement, PlacementSpec, Plan};
 
+/// The errors of nx: each layer's, and the tensor layer's own. Each message names the function
+/// and the offending values.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Arguments that do not fit (operands placed differently, a nonlinear map of a partial
+    /// value, shapes that do not multiply, …).
+    #[error("{func}: {why}")]
+    Invalid {
+        /// The function called.
+        func: &'static str,
+        /// What does not fit, with the values.
+        why: String,
+    },
+    /// A placement error.
+    #[error(transparent)]
+    Placement(#[from] nx_placement::Error),
+    /// A local-array or kernel error.
+    #[error(transparent)]
+    Kernels(#[from] nx_kernels::Error),
+    /// A collectives error (a mismatch, a timeout, a failed rank).
+    #[error(transparent)]
+    Collectives(#[from] nx_collectives::Error),
+}
+
+/// The result type of nx.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// Plans moving a value of `shape` and `dtype` from `from` to `to`: [`nx_placement::plan()`] with
 /// the dtype's width.
 ///
 /// # Errors
 /// As [`nx_placement::plan()`]: a placement cutting an axis past the shape's rank.
-pub fn plan<'d, 'e>(
-    from: &Placement<'d>,
-    to: &Placement<'e>,
-    shape: &[usize],
-    dtype: Dtype,
-) -> Result<Plan, nx_placement::Error> {
-    nx_placement::plan(from, to, shape, dtype.size())
+pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], dtype: Dtype) -> Result<Plan> {
+    Ok(nx_placement::plan(from, to, shape, dtype.size())?)
 }

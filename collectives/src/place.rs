@@ -203,8 +203,10 @@ pub fn place<T: Reducible, C: Communicator>(comm: &C, plan: &Plan, local: Option
                         vec![T::default(); volume(&whole) as usize]
                     };
                     g.broadcast(&mut buf, 0)?;
-                    data = Some(buf);
-                    win = plan.need[u].clone();
+                    // every member keeps what it needs of the whole: the root may need less
+                    let target = plan.need[u].clone();
+                    data = target.as_ref().map(|t| if *t == whole { buf } else { pack(&buf, &whole, t) });
+                    win = target;
                 }
             }
             Op::SendRecv => {

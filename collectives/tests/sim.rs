@@ -301,6 +301,21 @@ proptest! {
 }
 
 #[test]
+fn a_broadcast_root_keeps_only_its_window() {
+    // device(1) -> split(0) of one element: sim:1 broadcasts it, then needs an empty window
+    let got = sim::run(2, opts(), |c: SimComm| -> Result<Option<Vec<f32>>> {
+        Devices::with(Device::sims(2), |s| -> Result<Option<Vec<f32>>> {
+            let pl = plan(&nx_placement::Placement::device(&s, 1)?, &nx_placement::Placement::split(0, &s)?, &[1], 4)?;
+            let local = (c.rank() == 1).then(|| vec![7.5f32]);
+            place(&c, &pl, local)
+        })
+        .unwrap()
+    })
+    .unwrap();
+    assert_eq!(got, [Some(vec![7.5]), Some(vec![])]);
+}
+
+#[test]
 fn place_between_two_device_sets_moves_only_the_overlaps() {
     // a world of 6 ranks; the value moves from split(0) over ranks 0..4 to split(0) over 2..6
     let got = sim::run(6, opts(), |c: SimComm| -> Result<Option<Vec<f32>>> {

@@ -1,0 +1,273 @@
+//! `nx::launch`: runs the SPMD body once per rank.
+//!
+//! - Under `mpirun` (Open MPI's or a PMI launcher's variables in the environment) this process is
+//!   one rank and collectives go over MPI (feature `mpi`; without it, an error says how to build).
+//! - Otherwise the embedded default: a simulated mesh of N ranks, threads of this process, N from
+//!   [`LaunchOptions::devices`], else `NX_SIM_DEVICES`, else 4.
+//!
+//! The same program text runs in every mode.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use nx_collectives::sim::{self, SimComm, SimOptions};
+use nx_collectives::{Communicator, ReduceOp, Reducible};
+use nx_kernels::Host;
+use nx_mesh::{Device, DeviceKind, Devices, Mesh};
+
+use crate::{Error, Result};
+
+/// Settings of a launch, passed explicitly.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LaunchOptions {
+    /// Simulated ranks (default: `NX_SIM_DEVICES`, else 4). Ignored under `mpirun`.
+    pub devices: Option<usize>,
+    /// Checked collectives (default: on in debug builds).
+    pub checked: Option<bool>,
+    /// Collective timeout (default: five minutes).
+    pub timeout: Option<Duration>,
+}
+
+/// The communicator a rank was launched with.
+#[derive(Debug)]
+pub enum Comm {
+    /// A simulated rank.
+    Sim(SimComm),
+    /// An MPI rank.
+    #[cfg(feature = "mpi")]
+    Mpi(nx_collectives::mpi::MpiComm),
+}
+
+macro_rules! delegate {
+    ($self:ident, $c:ident => $e:expr) => {
+        match $self {
+            Comm::Sim($c) => $e,
+            #[cfg(feature = "mpi")]
+            Comm::Mpi($c) => $e,
+        }
+    };
+}
+
+impl Communicator for Comm {
+    fn rank(&self) -> usize {
+        delegate!(self, c => c.rank())
+    }
+    fn size(&self) -> usize {
+        delegate!(self, c => c.size())
+    }
+    fn backend(&self) -> &'static str {
+        delegate!(self, c => c.backend())
+    }
+    fn world_rank(&self) -> usize {
+        delegate!(self, c => c.world_rank())
+    }
+    #[track_caller]
+    fn barrier(&self) -> nx_collectives::Result<()> {
+        delegate!(self, c => c.barrier())
+    }
+    #[track_caller]
+    fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> nx_collectives::Result<()> {
+        delegate!(self, c => c.broadcast(buf, root))
+    }
+    #[track_caller]
+    fn all_reduce<T: Reducible>(&self, s: &[T], r: &mut [T], op: ReduceOp) -> nx_collectives::Result<()> {
+        delegate!(self, c => c.all_reduce(s, r, op))
+    }
+    #[track_caller]
+    fn reduce_scatter_v<T: Reducible>(
+        &self,
+        s: &[T],
+        r: &mut [T],
+        n: &[usize],
+        op: ReduceOp,
+    ) -> nx_collectives::Result<()> {
+        delegate!(self, c => c.reduce_scatter_v(s, r, n, op))
+    }
+    #[track_caller]
+    fn all_gather_v<T: Reducible>(&self, s: &[T], r: &mut [T], n: &[usize]) -> nx_collectives::Result<()> {
+        delegate!(self, c => c.all_gather_v(s, r, n))
+    }
+    #[track_caller]
+    fn all_to_all_v<T: Reducible>(
+        &self,
+        s: &[T],
+        sc: &[usize],
+        r: &mut [T],
+        rc: &[usize],
+    ) -> nx_collectives::Result<()> {
+        delegate!(self, c => c.all_to_all_v(s, sc, r, rc))
+    }
+    #[track_caller]
+    fn send<T: Reducible>(&self, b: &[T], to: usize) -> nx_collectives::Result<()> {
+        delegate!(self, c => c.send(b, to))
+    }
+    #[track_caller]
+    fn recv<T: Reducible>(&self, b: &mut [T], from: usize) -> nx_collectives::Result<()> {
+        delegate!(self, c => c.recv(b, from))
+    }
+    #[track_caller]
+    fn split(&self, color: Option<usize>, key: usize) -> nx_collectives::Result<Option<Comm>> {
+        Ok(match self {
+            Comm::Sim(c) => c.split(color, key)?.map(Comm::Sim),
+            #[cfg(feature = "mpi")]
+            Comm::Mpi(c) => c.split(color, key)?.map(Comm::Mpi),
+        })
+    }
+}
+
+struct Inner<'d> {
+    comm: Comm,
+    devices: Devices<'d>,
+    index: usize,
+    host: Host,
+}
+
+/// What the SPMD body of [`launch`] receives on each rank: the world's device set, this rank's
+/// device and communicator, and the host kernels. Cheap to clone (tensors hold one).
+#[derive(Clone)]
+pub struct Ctx<'d> {
+    inner: Rc<Inner<'d>>,
+}
+
+impl std::fmt::Debug for Ctx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ctx(rank {} of {} on {}, {})", self.rank(), self.size(), self.device(), self.inner.comm.backend())
+    }
+}
+
+impl<'d> Ctx<'d> {
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.inner.comm.rank()
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.comm.size()
+    }
+
+    /// The world's devices, one per rank.
+    pub fn devices(&self) -> &Devices<'d> {
+        &self.inner.devices
+    }
+
+    /// This rank's device.
+    pub fn device(&self) -> Device {
+        self.inner.devices.as_slice()[self.inner.index]
+    }
+
+    /// This rank's device's position in [`Ctx::devices`].
+    pub fn index(&self) -> usize {
+        self.inner.index
+    }
+
+    /// The communicator over the world.
+    pub fn comm(&self) -> &Comm {
+        &self.inner.comm
+    }
+
+    /// The host kernel library this rank computes with.
+    pub fn host(&self) -> &Host {
+        &self.inner.host
+    }
+
+    /// The backend's name (`sim` or `mpi`).
+    pub fn backend(&self) -> &'static str {
+        self.inner.comm.backend()
+    }
+
+    /// A mesh of `axes` over the world's devices.
+    ///
+    /// # Errors
+    /// As [`Mesh::new`]: bad names, or extents that do not multiply to the number of ranks.
+    pub fn mesh(&self, axes: &[(&str, usize)]) -> Result<Mesh<'d>> {
+        Ok(Mesh::new(&self.inner.devices, axes).map_err(nx_placement::Error::from)?)
+    }
+}
+
+fn sim_devices(opts: &LaunchOptions) -> Result<usize> {
+    if let Some(n) = opts.devices {
+        return Ok(n);
+    }
+    match std::env::var("NX_SIM_DEVICES") {
+        Ok(v) => v.trim().parse().map_err(|_| Error::Invalid {
+            func: "nx::launch",
+            why: format!("NX_SIM_DEVICES={v:?} is not a number of devices"),
+        }),
+        Err(_) => Ok(4),
+    }
+}
+
+/// Runs `body` once per rank with the defaults of [`LaunchOptions`]; answers the results of the
+/// ranks of this process (every rank on a simulated mesh, this one under MPI).
+///
+/// # Errors
+/// The first failing rank's error ([`Error::Collectives`] with `RankFailed` on a simulated mesh);
+/// under MPI a failing rank aborts the job instead. [`Error::Invalid`] for a bad `NX_SIM_DEVICES`
+/// or MPI requested without the `mpi` feature.
+pub fn launch<R, F>(body: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: for<'d> Fn(&Ctx<'d>) -> Result<R> + Sync,
+{
+    launch_with(&LaunchOptions::default(), body)
+}
+
+/// [`launch`] with explicit options.
+///
+/// # Errors
+/// As [`launch`].
+pub fn launch_with<R, F>(opts: &LaunchOptions, body: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: for<'d> Fn(&Ctx<'d>) -> Result<R> + Sync,
+{
+    let checked = opts.checked.unwrap_or(cfg!(debug_assertions));
+    let timeout = opts.timeout.unwrap_or(Duration::from_secs(300));
+    if nx_collectives::mpi::under_mpirun() {
+        return launch_mpi(checked, timeout, body);
+    }
+    let n = sim_devices(opts)?;
+    let sopts = SimOptions { checked, timeout };
+    Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
+        let index = comm.rank();
+        Devices::with(Device::sims(n), |devices| {
+            let ctx = Ctx { inner: Rc::new(Inner { comm: Comm::Sim(comm), devices, index, host: Host::new() }) };
+            body(&ctx)
+        })
+        .map_err(nx_placement::Error::from)?
+    })?)
+}
+
+#[cfg(feature = "mpi")]
+fn launch_mpi<R, F>(checked: bool, timeout: Duration, body: F) -> Result<Vec<R>>
+where
+    F: for<'d> Fn(&Ctx<'d>) -> Result<R>,
+{
+    use nx_collectives::mpi::{self, MpiComm, MpiOptions};
+    let r = mpi::run(MpiOptions { checked, timeout }, |comm: MpiComm| -> Result<R> {
+        let (n, index) = (comm.size(), comm.rank());
+        let list: Vec<Device> = (0..n).map(|r| Device::new(DeviceKind::Cpu, r, r)).collect();
+        Devices::with(list, |devices| {
+            // ranks may share a host: one rayon thread each keeps them from oversubscribing it
+            let host = Host::with_threads(1)?;
+            let ctx = Ctx { inner: Rc::new(Inner { comm: Comm::Mpi(comm), devices, index, host }) };
+            body(&ctx)
+        })
+        .map_err(nx_placement::Error::from)?
+    })?;
+    Ok(vec![r])
+}
+
+#[cfg(not(feature = "mpi"))]
+fn launch_mpi<R, F>(_: bool, _: Duration, _: F) -> Result<Vec<R>>
+where
+    F: for<'d> Fn(&Ctx<'d>) -> Result<R>,
+{
+    let _ = DeviceKind::Cpu;
+    Err(Error::Invalid {
+        func: "nx::launch",
+        why: "started under mpirun, but this program was built without the `mpi` feature: build with --features mpi"
+            .into(),
+    })
+}

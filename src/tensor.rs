@@ -1,0 +1,538 @@
+//! `Tensor<'d, T>`: a global array over the device set of brand `'d`, laid out by a placement;
+//! each rank holds its window (or a term of a sum) as a local [`Array`].
+//!
+//! Every op states its result's placement, and none moves a byte silently:
+//!
+//! | op | operands | result |
+//! |---|---|---|
+//! | `add`, `sub` | equal placements (a broadcast operand whose windows match) | that placement; partial stays partial (a sum of sums) |
+//! | `scale` | any | the same placement |
+//! | `mul`, `map`, `relu`, … (nonlinear) | equal placements, none partial | that placement; a partial operand is an error |
+//! | `matmul` | `[m, k] · [k, n]` over one mesh | rows cut as the left's, columns as the right's; where both cut `k` over the same mesh axes, a sum over them (partial), closed only by [`Tensor::place`] |
+//! | `sum(axis)` | any | the axis removed; cut over mesh axes → partial over them; whole → local |
+//! | `transpose` | 2-D | the cuts follow their axes |
+//! | `local_map` | any | the placement the caller declares, checked against the windows |
+//!
+//! Operands placed differently are an error naming both placements: place one first.
+
+use nx_collectives::Reducible;
+use nx_kernels::prog::{CmpOp, Prog, UnOp, V};
+use nx_kernels::{refused, Answer, Array, Contraction, Element, Kernels, Move, Reduction, Value};
+use nx_placement::region::Window;
+use nx_placement::{Placement, PlacementSpec, Plan};
+
+use crate::launch::Ctx;
+use crate::{Error, Result};
+
+/// A distributed array of `T` over the devices of brand `'d`. See the [module docs](self).
+#[derive(Clone)]
+pub struct Tensor<'d, T: Reducible> {
+    ctx: Ctx<'d>,
+    shape: Vec<usize>,
+    placement: Placement<'d>,
+    local: Option<Array<T>>,
+}
+
+impl<T: Reducible> std::fmt::Debug for Tensor<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor<{}>({:?} at {})", T::DTYPE, self.shape, self.placement)
+    }
+}
+
+fn err(func: &'static str, why: String) -> Error {
+    Error::Invalid { func, why }
+}
+
+fn window_shape(w: &Window) -> Vec<usize> {
+    w.iter().map(|r| r.len()).collect()
+}
+
+/// A placement's cuts (tensor axis, mesh axis names) and sums (mesh axis names).
+type Parts = (Vec<(usize, Vec<String>)>, Vec<String>);
+
+/// The cuts and sums of a placement, by mesh axis names (`split` over the flat mesh's `x`).
+fn parts(func: &'static str, p: &Placement<'_>) -> Result<Parts> {
+    Ok(match p.spec() {
+        PlacementSpec::On => (Vec::new(), Vec::new()),
+        PlacementSpec::Split(a) => (vec![(a, vec!["x".to_string()])], Vec::new()),
+        PlacementSpec::Mesh { cuts } => (cuts, Vec::new()),
+        PlacementSpec::Partial { sums, cuts } => (cuts, sums),
+        PlacementSpec::Device(_) => {
+            return Err(err(func, format!("{p} holds the value on one device: place it over the mesh first")))
+        }
+    })
+}
+
+fn cut_of(cuts: &[(usize, Vec<String>)], axis: usize) -> Vec<String> {
+    cuts.iter().find(|c| c.0 == axis).map(|c| c.1.clone()).unwrap_or_default()
+}
+
+/// A placement over `p`'s mesh with `sums` and `cuts` (by names).
+fn rebuild<'d>(p: &Placement<'d>, sums: &[String], cuts: &[(usize, Vec<String>)]) -> Result<Placement<'d>> {
+    let names: Vec<(usize, Vec<&str>)> =
+        cuts.iter().map(|(a, n)| (*a, n.iter().map(String::as_str).collect())).collect();
+    let cut_refs: Vec<(usize, &[&str])> = names.iter().map(|(a, n)| (*a, n.as_slice())).collect();
+    let s: Vec<&str> = sums.iter().map(String::as_str).collect();
+    Ok(Placement::partial(p.mesh_of(), &s, &cut_refs)?)
+}
+
+impl<'d, T: Reducible> Tensor<'d, T> {
+    /// The value whose element at each global index `i` is `f(i)`; each rank computes only its
+    /// window.
+    ///
+    /// # Errors
+    /// A placement that cuts an axis past the shape's rank; a placement over another set than
+    /// `ctx`'s.
+    pub fn from_fn(
+        ctx: &Ctx<'d>,
+        shape: &[usize],
+        placement: &Placement<'d>,
+        f: impl Fn(&[usize]) -> T,
+    ) -> Result<Self> {
+        if !placement.devices().same_list(ctx.devices()) {
+            return Err(err(
+                "nx::Tensor::from_fn",
+                format!("{placement:#} is not over the launch's devices {}", ctx.devices()),
+            ));
+        }
+        let local = match placement.window(shape, ctx.index())? {
+            None => None,
+            Some(w) => {
+                let starts: Vec<usize> = w.iter().map(|r| r.start).collect();
+                let mut g = vec![0; shape.len()];
+                Some(Array::from_fn(ctx.device(), &window_shape(&w), |i| {
+                    for (d, (&s, &x)) in starts.iter().zip(i).enumerate() {
+                        g[d] = s + x;
+                    }
+                    f(&g)
+                })?)
+            }
+        };
+        Ok(Tensor { ctx: ctx.clone(), shape: shape.to_vec(), placement: placement.clone(), local })
+    }
+
+    /// Zeros.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_fn`].
+    pub fn zeros(ctx: &Ctx<'d>, shape: &[usize], placement: &Placement<'d>) -> Result<Self> {
+        Tensor::from_fn(ctx, shape, placement, |_| T::default())
+    }
+
+    /// Normal samples (mean 0, deviation 1) from `seed`: element i's value depends on the seed
+    /// and i alone, so the global value is the same for every mesh and placement.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_fn`].
+    pub fn randn(ctx: &Ctx<'d>, shape: &[usize], placement: &Placement<'d>, seed: u64) -> Result<Self> {
+        let strides: Vec<usize> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+        Tensor::from_fn(ctx, shape, placement, |i| {
+            let flat = i.iter().zip(&strides).map(|(a, b)| a * b).sum::<usize>() as u64;
+            T::from_value(Value::Float(normal(seed, flat)))
+        })
+    }
+
+    /// The tensor whose window on this rank is `local`, of global `shape` at `placement`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] where `local`'s shape is not this rank's window (or it holds one and the
+    /// placement gives it none).
+    pub fn from_local(
+        ctx: &Ctx<'d>,
+        shape: &[usize],
+        placement: &Placement<'d>,
+        local: Option<Array<T>>,
+    ) -> Result<Self> {
+        let w = placement.window(shape, ctx.index())?;
+        let ok = match (&w, &local) {
+            (None, None) => true,
+            (Some(w), Some(a)) => a.shape() == window_shape(w),
+            _ => false,
+        };
+        if !ok {
+            return Err(err(
+                "nx::Tensor::from_local",
+                format!(
+                    "rank {} holds {:?} but its window of {shape:?} at {placement} is {w:?}",
+                    ctx.rank(),
+                    local.as_ref().map(|a| a.shape().to_vec())
+                ),
+            ));
+        }
+        Ok(Tensor { ctx: ctx.clone(), shape: shape.to_vec(), placement: placement.clone(), local })
+    }
+
+    /// The global shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The placement.
+    pub fn placement(&self) -> &Placement<'d> {
+        &self.placement
+    }
+
+    /// This rank's window (a term of the sum, for a partial value), or `None` where it holds nothing.
+    pub fn to_local(&self) -> Option<&Array<T>> {
+        self.local.as_ref()
+    }
+
+    /// The plan that [`Tensor::place`] would run, without running it.
+    ///
+    /// # Errors
+    /// A placement that cuts an axis past the shape's rank.
+    pub fn plan(&self, to: &Placement<'d>) -> Result<Plan> {
+        Ok(nx_placement::plan(&self.placement, to, &self.shape, T::DTYPE.size())?)
+    }
+
+    /// The same value at `to`: runs the plan's collectives (closing a partial value in term order).
+    ///
+    /// # Errors
+    /// As [`Tensor::plan`]; any collective's error.
+    pub fn place(&self, to: &Placement<'d>) -> Result<Self> {
+        let plan = self.plan(to)?;
+        let data = match &self.local {
+            Some(a) => Some(a.to_vec()?),
+            None => None,
+        };
+        let out = nx_collectives::place(self.ctx.comm(), &plan, data)?;
+        let local = match (out, to.window(&self.shape, self.ctx.index())?) {
+            (Some(d), Some(w)) => Some(Array::from_vec(self.ctx.device(), &window_shape(&w), d)?),
+            _ => None,
+        };
+        Ok(Tensor { ctx: self.ctx.clone(), shape: self.shape.clone(), placement: to.clone(), local })
+    }
+
+    /// The whole value on every rank (an all-gather, closing a sum first).
+    ///
+    /// # Errors
+    /// As [`Tensor::place`].
+    pub fn full(&self) -> Result<Array<T>> {
+        let on = Placement::on(self.ctx.devices());
+        Ok(self.place(&on)?.local.expect("every device holds the value at `on`"))
+    }
+
+    fn with_local(&self, placement: Placement<'d>, shape: Vec<usize>, local: Option<Array<T>>) -> Self {
+        Tensor { ctx: self.ctx.clone(), shape, placement, local }
+    }
+
+    /// Runs `build` (a program over loads of `T`, one per operand, answering its output) on each
+    /// rank's windows; the operands must be placed alike (see the module docs).
+    fn zip(
+        &self,
+        func: &'static str,
+        others: &[&Tensor<'d, T>],
+        linear: bool,
+        build: impl Fn(&mut Prog, &[V]) -> V,
+    ) -> Result<Self> {
+        for o in others {
+            if !o.placement.equal(&self.placement) || o.shape != self.shape {
+                // a broadcast operand: its windows must be the result's on its own axes
+                let ok = o.placement.devices().same_list(self.placement.devices())
+                    && o.shape.len() <= self.shape.len()
+                    && (0..self.placement.devices().len()).all(|d| {
+                        let (mine, theirs) = (self.placement.window(&self.shape, d), o.placement.window(&o.shape, d));
+                        match (mine, theirs) {
+                            (Ok(Some(m)), Ok(Some(t))) => {
+                                let lead = m.len() - t.len();
+                                t.iter().enumerate().all(|(i, r)| {
+                                    if o.shape[i] == 1 {
+                                        *r == (0..1)
+                                    } else {
+                                        *r == m[lead + i] && o.shape[i] == self.shape[lead + i]
+                                    }
+                                })
+                            }
+                            (Ok(None), Ok(None)) => true,
+                            _ => false,
+                        }
+                    })
+                    && o.placement.is_partial() == self.placement.is_partial()
+                    && !o.placement.is_partial();
+                if !ok {
+                    return Err(err(
+                        func,
+                        format!(
+                            "operands placed differently: {:?} at {:#} and {:?} at {:#}; place one of them first",
+                            self.shape, self.placement, o.shape, o.placement
+                        ),
+                    ));
+                }
+            }
+        }
+        if !linear && (self.placement.is_partial() || others.iter().any(|o| o.placement.is_partial())) {
+            return Err(err(
+                func,
+                format!("a nonlinear map of a partial value ({}): close it with place first", self.placement),
+            ));
+        }
+        let Some(a) = &self.local else { return Ok(self.with_local(self.placement.clone(), self.shape.clone(), None)) };
+        let mut p = Prog::new(&vec![T::DTYPE; 1 + others.len()]);
+        let loads: Vec<V> = (0..=others.len()).map(|i| p.load(i)).collect();
+        let out = build(&mut p, &loads);
+        let out = p.cast(out, T::DTYPE);
+        p.output(out);
+        let dst = Array::<T>::zeros(self.ctx.device(), a.shape())?;
+        let mut ops: Vec<&dyn nx_kernels::Operand> = vec![a];
+        for o in others {
+            ops.push(o.local.as_ref().expect("aligned operands hold windows where this one does"));
+        }
+        check(func, self.ctx.host().map(&p, a.shape(), &[&dst], &ops), &ops)?;
+        Ok(self.with_local(self.placement.clone(), self.shape.clone(), Some(dst)))
+    }
+
+    /// `self + other` (linear: partial values stay partial).
+    ///
+    /// # Errors
+    /// Operands placed differently.
+    pub fn add(&self, other: &Tensor<'d, T>) -> Result<Self> {
+        self.zip("nx::Tensor::add", &[other], true, |p, l| p.add(l[0], l[1]))
+    }
+
+    /// `self - other` (linear).
+    ///
+    /// # Errors
+    /// Operands placed differently.
+    pub fn sub(&self, other: &Tensor<'d, T>) -> Result<Self> {
+        self.zip("nx::Tensor::sub", &[other], true, |p, l| p.sub(l[0], l[1]))
+    }
+
+    /// `self * other`, elementwise (nonlinear).
+    ///
+    /// # Errors
+    /// Operands placed differently; a partial operand.
+    pub fn mul(&self, other: &Tensor<'d, T>) -> Result<Self> {
+        self.zip("nx::Tensor::mul", &[other], false, |p, l| p.mul(l[0], l[1]))
+    }
+
+    /// `c · self` (linear).
+    ///
+    /// # Errors
+    /// None in practice; kernel refusals are raised.
+    pub fn scale(&self, c: f64) -> Result<Self> {
+        self.zip("nx::Tensor::scale", &[], true, |p, l| {
+            let k = p.float(c);
+            p.mul(l[0], k)
+        })
+    }
+
+    /// `max(self, 0)`.
+    ///
+    /// # Errors
+    /// A partial value.
+    pub fn relu(&self) -> Result<Self> {
+        self.zip("nx::Tensor::relu", &[], false, |p, l| {
+            let z = p.float(0.0);
+            p.max(l[0], z)
+        })
+    }
+
+    /// `upstream` where `self > 0`, else 0: the gradient of [`Tensor::relu`] at `self`.
+    ///
+    /// # Errors
+    /// Operands placed differently; a partial operand.
+    pub fn relu_backward(&self, upstream: &Tensor<'d, T>) -> Result<Self> {
+        self.zip("nx::Tensor::relu_backward", &[upstream], false, |p, l| {
+            let z = p.float(0.0);
+            let pos = p.compare(CmpOp::Gt, l[0], z);
+            p.select(pos, l[1], z)
+        })
+    }
+
+    /// `op self`, elementwise.
+    ///
+    /// # Errors
+    /// A partial value.
+    pub fn unary(&self, op: UnOp) -> Result<Self> {
+        self.zip("nx::Tensor::unary", &[], false, |p, l| p.unary(op, l[0]))
+    }
+
+    /// The matrix product `self [m, k] · other [k, n]`, placed as the module docs say.
+    ///
+    /// # Errors
+    /// Operands of other ranks or extents; placements over different meshes, or whose cuts do not
+    /// combine (the contracting axis cut differently on the two sides, a mesh axis cutting two
+    /// result axes); partial operands.
+    pub fn matmul(&self, other: &Tensor<'d, T>) -> Result<Self> {
+        const FUNC: &str = "nx::Tensor::matmul";
+        if self.shape.len() != 2 || other.shape.len() != 2 || self.shape[1] != other.shape[0] {
+            return Err(err(FUNC, format!("needs [m, k] · [k, n], got {:?} · {:?}", self.shape, other.shape)));
+        }
+        if self.placement.mesh_of().spec() != other.placement.mesh_of().spec()
+            || !self.placement.devices().same_list(other.placement.devices())
+        {
+            return Err(err(
+                FUNC,
+                format!("operands over different meshes: {:#} and {:#}", self.placement, other.placement),
+            ));
+        }
+        if self.placement.is_partial() || other.placement.is_partial() {
+            return Err(err(
+                FUNC,
+                format!("a partial operand ({} · {}): close it with place first", self.placement, other.placement),
+            ));
+        }
+        let (xc, _) = parts(FUNC, &self.placement)?;
+        let (wc, _) = parts(FUNC, &other.placement)?;
+        let (rows, kx, kw, cols) = (cut_of(&xc, 0), cut_of(&xc, 1), cut_of(&wc, 0), cut_of(&wc, 1));
+        if kx != kw {
+            return Err(err(
+                FUNC,
+                format!(
+                    "the contracting axis is cut over {kx:?} on the left ({}) and {kw:?} on the right ({}): place one to match",
+                    self.placement, other.placement
+                ),
+            ));
+        }
+        let clash = rows.iter().chain(&kx).any(|a| cols.contains(a)) || rows.iter().any(|a| kx.contains(a));
+        if clash {
+            return Err(err(
+                FUNC,
+                format!("{} · {}: a mesh axis would cut two axes of the product", self.placement, other.placement),
+            ));
+        }
+        let mut cuts = Vec::new();
+        if !rows.is_empty() {
+            cuts.push((0, rows));
+        }
+        if !cols.is_empty() {
+            cuts.push((1, cols));
+        }
+        let placement = if self.placement.spec() == PlacementSpec::On && other.placement.spec() == PlacementSpec::On {
+            Placement::on(self.ctx.devices())
+        } else {
+            rebuild(&self.placement, &kx, &cuts)?
+        };
+        let shape = vec![self.shape[0], other.shape[1]];
+        let local = match (&self.local, &other.local, placement.window(&shape, self.ctx.index())?) {
+            (Some(a), Some(b), Some(w)) => {
+                let dst = Array::<T>::zeros(self.ctx.device(), &window_shape(&w))?;
+                let ops: [&dyn nx_kernels::Operand; 2] = [a, b];
+                check(FUNC, self.ctx.host().contract(&Contraction::matmul(0), &dst, a, b, None), &ops)?;
+                Some(dst)
+            }
+            _ => None,
+        };
+        Ok(self.with_local(placement, shape, local))
+    }
+
+    /// The 2-D transpose; the cuts follow their axes.
+    ///
+    /// # Errors
+    /// A value that is not 2-D.
+    pub fn transpose(&self) -> Result<Self> {
+        const FUNC: &str = "nx::Tensor::transpose";
+        if self.shape.len() != 2 {
+            return Err(err(FUNC, format!("needs a 2-D value, got {:?}", self.shape)));
+        }
+        let (cuts, sums) = parts(FUNC, &self.placement)?;
+        let cuts: Vec<(usize, Vec<String>)> = cuts.into_iter().map(|(a, n)| (1 - a, n)).collect();
+        let placement = match self.placement.spec() {
+            PlacementSpec::On => self.placement.clone(),
+            PlacementSpec::Split(a) => Placement::split(1 - a, self.placement.devices())?,
+            _ => rebuild(&self.placement, &sums, &cuts)?,
+        };
+        let local = match &self.local {
+            Some(a) => Some(a.apply(&Move::Permute(vec![1, 0]))?.expect("a permutation is a view").copy()?),
+            None => None,
+        };
+        Ok(self.with_local(placement, vec![self.shape[1], self.shape[0]], local))
+    }
+
+    /// The sum over `axis`: a cut axis leaves a value partial over the mesh axes that cut it, a
+    /// whole one a local sum.
+    ///
+    /// # Errors
+    /// An axis past the rank.
+    pub fn sum(&self, axis: usize) -> Result<Self> {
+        const FUNC: &str = "nx::Tensor::sum";
+        if axis >= self.shape.len() {
+            return Err(err(FUNC, format!("axis {axis} of a value of shape {:?}", self.shape)));
+        }
+        let (cuts, mut sums) = parts(FUNC, &self.placement)?;
+        let mut rest = Vec::new();
+        for (a, names) in cuts {
+            if a == axis {
+                sums.extend(names);
+            } else {
+                rest.push((if a > axis { a - 1 } else { a }, names));
+            }
+        }
+        let placement = if sums.is_empty() && rest.is_empty() && self.placement.spec() == PlacementSpec::On {
+            self.placement.clone()
+        } else if matches!(self.placement.spec(), PlacementSpec::Split(_)) && sums.is_empty() {
+            let a = rest[0].0;
+            Placement::split(a, self.placement.devices())?
+        } else if matches!(self.placement.spec(), PlacementSpec::Split(_)) {
+            // a split's cut axis summed: a sum over the flat mesh
+            rebuild(&self.placement, &sums, &rest)?
+        } else {
+            rebuild(&self.placement, &sums, &rest)?
+        };
+        let mut shape = self.shape.clone();
+        shape.remove(axis);
+        let local = match &self.local {
+            Some(a) => {
+                let mut out_shape = a.shape().to_vec();
+                out_shape.remove(axis);
+                let dst = Array::<T>::zeros(self.ctx.device(), &out_shape)?;
+                let mut p = Prog::new(&[T::DTYPE]);
+                let l = p.load(0);
+                p.output(l);
+                let ops: [&dyn nx_kernels::Operand; 1] = [a];
+                check(FUNC, self.ctx.host().reduce(&p, a.shape(), &[axis], &[Reduction::Sum], &[&dst], &[a]), &ops)?;
+                Some(dst)
+            }
+            None => None,
+        };
+        Ok(self.with_local(placement, shape, local))
+    }
+
+    /// Runs `f` on this rank's window (shard_map): the result is declared of global `shape` at
+    /// `placement`, and each rank's output must be its window there.
+    ///
+    /// # Errors
+    /// `f`'s error; [`Error::Invalid`] where an output is not its rank's window.
+    pub fn local_map<U: Reducible>(
+        &self,
+        shape: &[usize],
+        placement: &Placement<'d>,
+        f: impl FnOnce(&Array<T>) -> Result<Array<U>>,
+    ) -> Result<Tensor<'d, U>> {
+        let out = match &self.local {
+            Some(a) => Some(f(a)?),
+            None => None,
+        };
+        Tensor::from_local(&self.ctx, shape, placement, out)
+    }
+}
+
+fn check(func: &'static str, a: Answer, ops: &[&dyn nx_kernels::Operand]) -> Result<()> {
+    match a {
+        Answer::Done => Ok(()),
+        Answer::Declined => Err(err(func, "the host kernels decline this case".into())),
+        r => Err(refused(func, r, ops).into()),
+    }
+}
+
+/// The standard normal sample [`Tensor::randn`] puts at flat index `index` for `seed`: two
+/// splitmix64 draws through Box–Muller. Public so that a single-device reference can rebuild the
+/// same values.
+pub fn normal(seed: u64, index: u64) -> f64 {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let a = mix(seed ^ mix(index.wrapping_mul(2)));
+    let b = mix(seed ^ mix(index.wrapping_mul(2) + 1));
+    let u1 = ((a >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let u2 = (b >> 11) as f64 / (1u64 << 53) as f64;
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// `T`'s element from a float, by nx's conversion rules.
+pub fn from_f64<T: Element>(x: f64) -> T {
+    T::from_value(Value::Float(x))
+}

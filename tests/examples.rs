@@ -1,0 +1,79 @@
+//! Each example runs on the simulated mesh and (feature `mpi`) under `mpirun`, and succeeds;
+//! `train_mlp` ends with the same parameters, bit for bit, in both modes.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// The example's binary, built beside this test (cargo builds examples with the tests).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
+    let path = dir.join("examples").join(name);
+    assert!(path.exists(), "{} is not built (cargo build --examples)", path.display());
+    path
+}
+
+fn run(mut cmd: Command, limit: Duration) -> Output {
+    let start = Instant::now();
+    let mut child =
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawns");
+    while child.try_wait().expect("waitable").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{cmd:?} ran past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn checksum(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    text.lines().find_map(|l| l.strip_prefix("parameters checksum: ")).expect("a checksum line").to_string()
+}
+
+#[test]
+fn examples_run_on_the_simulated_mesh() {
+    for name in ["placements", "tensor_parallel"] {
+        let out = run(Command::new(example(name)), Duration::from_secs(120));
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut cmd = Command::new(example("train_mlp"));
+    cmd.args(["--steps", "30", "--mesh", "dp=2,tp=2"]);
+    let out = run(cmd, Duration::from_secs(300));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("final loss:") && text.contains("single-device reference"), "{text}");
+    checksum(&out);
+    // bad options: a clear error and a failure
+    let mut cmd = Command::new(example("train_mlp"));
+    cmd.args(["--mesh", "dp=2"]);
+    let out = run(cmd, Duration::from_secs(60));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give dp=N,tp=M"));
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn examples_run_under_mpirun_with_the_same_bits() {
+    let mpirun = |n: usize, name: &str, args: &[&str]| {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "-n", &n.to_string()])
+            .arg(example(name))
+            .args(args)
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        run(cmd, Duration::from_secs(300))
+    };
+    for (n, name) in [(6, "placements"), (4, "tensor_parallel")] {
+        let out = mpirun(n, name, &[]);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let args = ["--steps", "30", "--mesh", "dp=2,tp=2"];
+    let mpi = checksum(&mpirun(4, "train_mlp", &args));
+    let mut cmd = Command::new(example("train_mlp"));
+    cmd.args(args);
+    let sim = checksum(&run(cmd, Duration::from_secs(300)));
+    assert_eq!(mpi, sim, "the final parameters under MPI and on the simulated mesh");
+}
