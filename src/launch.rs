@@ -227,6 +227,14 @@ where
     if nx_collectives::mpi::under_mpirun() {
         return launch_mpi(checked, timeout, body);
     }
+    if let Ok(rank) = std::env::var("NX_RANK") {
+        return Err(Error::Invalid {
+            func: "nx::launch",
+            why: format!(
+                "started by `nx run --direct` as rank {rank}, but CPU ranks need MPI to communicate: use `nx run --mpi` (or mpirun), or run without nx run for a simulated mesh"
+            ),
+        });
+    }
     let n = sim_devices(opts)?;
     let sopts = SimOptions { checked, timeout };
     Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {

@@ -24,6 +24,7 @@
 //! ```
 
 mod launch;
+pub mod store;
 mod tensor;
 
 pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};

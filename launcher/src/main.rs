@@ -25,6 +25,115 @@ enum Command {
     /// Benchmarks, each against a physical limit or a peer measured in the same run.
     #[command(subcommand)]
     Bench(Bench),
+    /// Start N ranks of a program, connect them through a store, and supervise them.
+    Run(RunArgs),
+    /// The backends compiled in, the libraries found on this machine, the devices a program gets.
+    Info,
+}
+
+/// Arguments of `nx run`.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Ranks to start.
+    #[arg(short = 'n', long = "np", default_value_t = 1)]
+    n: usize,
+    /// Hosts and their slots, as `a:4,b:4` (through mpirun).
+    #[arg(long)]
+    hosts: Option<String>,
+    /// Start the ranks through mpirun (the default where mpirun is found).
+    #[arg(long, conflicts_with = "direct")]
+    mpi: bool,
+    /// Start the ranks as child processes of nx run (for ranks that need no MPI).
+    #[arg(long)]
+    direct: bool,
+    /// Stop every rank after this many seconds.
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Seconds between SIGTERM and SIGKILL when stopping ranks.
+    #[arg(long, default_value_t = 5.0)]
+    grace: f64,
+    /// Prefix every output line with its rank, as `[3] `.
+    #[arg(long)]
+    tag_output: bool,
+    /// Where the rendezvous store listens.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    store_addr: String,
+    /// The program and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    program: Vec<String>,
+}
+
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+fn run_cmd(a: RunArgs) -> ExitCode {
+    use nx_launcher::run::{run, Mode, Options};
+    let mode = if a.direct {
+        Mode::Direct
+    } else if a.mpi || on_path("mpirun") {
+        Mode::Mpi
+    } else {
+        Mode::Direct
+    };
+    if mode == Mode::Mpi && !on_path("mpirun") {
+        eprintln!("nx: --mpi needs mpirun on PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)");
+        return ExitCode::from(2);
+    }
+    if a.hosts.is_some() && mode == Mode::Direct {
+        eprintln!("nx: --hosts needs --mpi: nx run starts remote ranks through mpirun");
+        return ExitCode::from(2);
+    }
+    let valid = |x: f64, positive: bool| x.is_finite() && if positive { x > 0.0 } else { x >= 0.0 };
+    if a.n == 0 || !valid(a.grace, false) || a.timeout.is_some_and(|t| !valid(t, true)) {
+        eprintln!("nx: -n must be at least 1, --grace at least 0 and --timeout positive");
+        return ExitCode::from(2);
+    }
+    let code = run(Options {
+        n: a.n,
+        mode,
+        hosts: a.hosts,
+        timeout: a.timeout.map(std::time::Duration::from_secs_f64),
+        grace: std::time::Duration::from_secs_f64(a.grace),
+        tag_output: a.tag_output,
+        store_addr: a.store_addr,
+        program: a.program,
+    });
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+fn info() -> String {
+    let lib = |names: &[&str]| {
+        let dirs = [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/lib",
+            "/usr/local/lib",
+            "/usr/local/cuda/lib64",
+            "/usr/local/nvidia/lib64",
+        ];
+        names.iter().flat_map(|n| dirs.iter().map(move |d| std::path::Path::new(d).join(n))).find(|p| p.exists())
+    };
+    let found =
+        |p: Option<std::path::PathBuf>| p.map_or("not found".to_string(), |p| format!("found ({})", p.display()));
+    let mpi_built = cfg!(feature = "mpi");
+    let sim = std::env::var("NX_SIM_DEVICES").unwrap_or_else(|_| "4".into());
+    format!(
+        "nx {}
+backends compiled in: sim{}; cuda, nccl: not built yet
+mpirun: {}
+MPI library: {}
+CUDA driver: {}
+NCCL: {}
+devices a program gets: {} simulated (NX_SIM_DEVICES), or one cpu device per rank under mpirun",
+        env!("CARGO_PKG_VERSION"),
+        if mpi_built { ", mpi" } else { " (mpi: build with --features mpi)" },
+        if on_path("mpirun") { "on PATH" } else { "not on PATH" },
+        found(lib(&["libmpi.so", "libmpi.so.40"])),
+        found(lib(&["libcuda.so", "libcuda.so.1"])),
+        found(lib(&["libnccl.so", "libnccl.so.2"])),
+        sim
+    )
 }
 
 #[derive(Subcommand, Debug)]
@@ -52,6 +161,8 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Run(a) => return run_cmd(a),
+        Command::Info => Ok(info()),
         Command::Show(a) => show::show(&a),
         Command::Plan(a) => show::plan(&a),
         Command::Bench(Bench::Kernels(a)) => bench::kernels(&a),

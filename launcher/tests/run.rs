@@ -1,0 +1,236 @@
+//! `nx run` as a user runs it: failures reported and contained, every process gone afterwards, the
+//! store. Every run is bounded in time; ranks record their pids, which are checked in /proc.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nx_launcher::store;
+
+const NX: &str = env!("CARGO_BIN_EXE_nx");
+const HELPER: &str = env!("CARGO_BIN_EXE_nx-rank-helper");
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("nx-run-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_dir(&self.0)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("pid-")?.parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Whether `pid` is a live process (a zombie counts as gone).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) != Some("Z"),
+        Err(_) => false,
+    }
+}
+
+fn nx_run(dir: &Dir, args: &[&str]) -> Command {
+    let mut c = Command::new(NX);
+    c.arg("run").args(args).env("NX_TEST_DIR", &dir.0).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+fn finish(child: Child, limit: Duration) -> (Output, Duration) {
+    // read the pipes while waiting, so that a chatty run never blocks on them
+    let start = Instant::now();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => (out.unwrap(), start.elapsed()),
+        Err(_) => {
+            // SAFETY: killing our own child process has no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            panic!("nx run ran past {limit:?}");
+        }
+    }
+}
+
+fn all_gone(dir: &Dir) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let live: Vec<i32> = dir.pids().into_iter().filter(|&p| alive(p)).collect();
+        if live.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "processes outlived nx run: {live:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_rank_killed_with_sigkill_stops_the_others_and_is_named() {
+    let dir = Dir::new("sigkill");
+    let child = nx_run(&dir, &["--direct", "-n", "3", "--grace", "1", "--", HELPER, "sigkill", "1"]).spawn().unwrap();
+    let (out, took) = finish(child, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 9), "{err}");
+    assert!(err.contains("rank 1 was killed by signal 9 (SIGKILL)"), "{err}");
+    assert!(took < Duration::from_secs(1 + 2 + 2), "stopped within --grace + 2 s (and start-up): {took:?}");
+    assert_eq!(dir.pids().len(), 3);
+    all_gone(&dir);
+}
+
+#[test]
+fn a_panic_is_in_the_report() {
+    let dir = Dir::new("panic");
+    let child = nx_run(&dir, &["--direct", "-n", "3", "--grace", "1", "--", HELPER, "panic", "2"]).spawn().unwrap();
+    let (out, _) = finish(child, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(101));
+    assert!(err.contains("nx run: rank 2 exited with status 101"), "{err}");
+    assert!(err.contains("panic: boom from rank 2"), "{err}");
+    assert!(err.contains("last lines of its stderr"), "{err}");
+    all_gone(&dir);
+}
+
+#[test]
+fn a_rank_that_hangs_past_the_timeout_is_stopped_and_reported() {
+    let dir = Dir::new("hang");
+    let child =
+        nx_run(&dir, &["--direct", "-n", "2", "--timeout", "1", "--grace", "1", "--", HELPER, "hang"]).spawn().unwrap();
+    let (out, took) = finish(child, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{err}");
+    assert!(err.contains("ran past --timeout"), "{err}");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    all_gone(&dir);
+}
+
+#[test]
+fn ctrl_c_reaches_every_rank() {
+    let dir = Dir::new("ctrlc");
+    let child = nx_run(&dir, &["--direct", "-n", "3", "--grace", "1", "--", HELPER, "hang"]).spawn().unwrap();
+    let start = Instant::now();
+    while dir.pids().len() < 3 {
+        assert!(start.elapsed() < Duration::from_secs(10), "ranks did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: sending SIGINT to our own child process has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let (out, _) = finish(child, Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    all_gone(&dir);
+}
+
+#[test]
+fn twenty_runs_leave_no_process_behind() {
+    let dir = Dir::new("twenty");
+    for _ in 0..20 {
+        // each rank leaves a `sleep` child in its process group and exits 0
+        let child = nx_run(&dir, &["--direct", "-n", "2", "--", HELPER, "child"]).spawn().unwrap();
+        let (out, _) = finish(child, Duration::from_secs(20));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(dir.pids().len(), 20 * 2 * 2, "ranks and their children recorded");
+    all_gone(&dir);
+}
+
+#[test]
+fn the_same_failures_through_mpirun() {
+    let dir = Dir::new("mpi");
+    let child = nx_run(&dir, &["--mpi", "-n", "3", "--grace", "1", "--", HELPER, "panic", "1"]).spawn().unwrap();
+    let (out, _) = finish(child, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("panic: boom from rank 1"), "{err}");
+    all_gone(&dir);
+    let child = nx_run(&dir, &["--mpi", "-n", "3", "--grace", "1", "--", HELPER, "sigkill", "2"]).spawn().unwrap();
+    let (out, _) = finish(child, Duration::from_secs(60));
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    all_gone(&dir);
+    let child =
+        nx_run(&dir, &["--mpi", "-n", "2", "--timeout", "2", "--grace", "1", "--", HELPER, "hang"]).spawn().unwrap();
+    let (out, _) = finish(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(124), "{}", String::from_utf8_lossy(&out.stderr));
+    all_gone(&dir);
+}
+
+#[test]
+fn tagged_output_lines_are_whole() {
+    let dir = Dir::new("tags");
+    let child = nx_run(&dir, &["--direct", "-n", "4", "--tag-output", "--", HELPER, "lines", "300"]).spawn().unwrap();
+    let (out, _) = finish(child, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4 * 300);
+    for l in lines {
+        let r = l.strip_prefix('[').and_then(|s| s.split_once("] ")).expect("a tag");
+        assert!(r.1.starts_with(&format!("rank {} line", r.0)) && r.1.ends_with(&"x".repeat(200)), "{l}");
+    }
+}
+
+#[test]
+fn ranks_meet_through_the_store() {
+    let dir = Dir::new("store");
+    let child = nx_run(&dir, &["--direct", "-n", "4", "--", HELPER, "store"]).spawn().unwrap();
+    let (out, _) = finish(child, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for r in 0..4 {
+        assert!(text.contains(&format!("rank {r} met hello-{}", (r + 1) % 4)), "{text}");
+    }
+}
+
+#[test]
+fn the_store_under_64_clients_loses_nothing_and_refuses_strangers() {
+    let server = store::start("127.0.0.1:0", "secret").unwrap();
+    let addr = server.addr.to_string();
+    std::thread::scope(|s| {
+        for i in 0..64 {
+            let addr = addr.clone();
+            s.spawn(move || {
+                let mut c = nx::store::StoreClient::connect(&addr, "secret", Duration::from_secs(5)).unwrap();
+                c.set(&format!("k{i}"), &format!("v{i}")).unwrap();
+                c.add("total", 1).unwrap();
+                c.barrier("everyone", 64, Duration::from_secs(20)).unwrap();
+            });
+        }
+    });
+    let mut c = nx::store::StoreClient::connect(&addr, "secret", Duration::from_secs(5)).unwrap();
+    for i in 0..64 {
+        assert_eq!(c.get(&format!("k{i}")).unwrap(), Some(format!("v{i}")));
+    }
+    assert_eq!(c.add("total", 0).unwrap(), 64);
+    let e = c.wait("missing", Duration::from_millis(200)).unwrap_err().to_string();
+    assert!(e.contains("timed out after 200 ms waiting for key \"missing\""), "{e}");
+    let e = nx::store::StoreClient::connect(&addr, "guess", Duration::from_secs(5)).unwrap_err().to_string();
+    assert!(e.contains("refused this client"), "{e}");
+    let e = nx::store::StoreClient::connect("127.0.0.1:1", "x", Duration::from_millis(500)).unwrap_err().to_string();
+    assert!(e.contains("cannot reach the store at 127.0.0.1:1"), "{e}");
+}
+
+#[test]
+fn bad_invocations_are_one_clear_line() {
+    let o = Command::new(NX).args(["run", "--direct", "--hosts", "a:2", "-n", "2", "--", HELPER]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--hosts needs --mpi"));
+    let o = Command::new(NX).args(["run", "--direct", "-n", "1", "--", "/nonexistent/program"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot start rank 0"));
+    let o = Command::new(NX).arg("info").output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("backends compiled in: sim"));
+}
