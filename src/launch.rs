@@ -26,6 +26,9 @@ pub struct LaunchOptions {
     pub checked: Option<bool>,
     /// Collective timeout (default: five minutes).
     pub timeout: Option<Duration>,
+    /// Place a map's operand that is placed otherwise (of the same shape) as the map's first
+    /// operand, logging each move, instead of failing (default: off: no byte moves silently).
+    pub auto_place: bool,
 }
 
 /// The communicator a rank was launched with.
@@ -120,6 +123,7 @@ struct Inner<'d> {
     devices: Devices<'d>,
     index: usize,
     host: Host,
+    auto_place: bool,
 }
 
 /// What the SPMD body of [`launch`] receives on each rank: the world's device set, this rank's
@@ -169,6 +173,11 @@ impl<'d> Ctx<'d> {
     /// The host kernel library this rank computes with.
     pub fn host(&self) -> &Host {
         &self.inner.host
+    }
+
+    /// Whether maps place mismatched operands themselves ([`LaunchOptions::auto_place`]).
+    pub fn auto_place(&self) -> bool {
+        self.inner.auto_place
     }
 
     /// The backend's name (`sim` or `mpi`).
@@ -225,7 +234,7 @@ where
     let checked = opts.checked.unwrap_or(cfg!(debug_assertions));
     let timeout = opts.timeout.unwrap_or(Duration::from_secs(300));
     if nx_collectives::mpi::under_mpirun() {
-        return launch_mpi(checked, timeout, body);
+        return launch_mpi(checked, timeout, opts.auto_place, body);
     }
     if let Ok(rank) = std::env::var("NX_RANK") {
         return Err(Error::Invalid {
@@ -240,7 +249,15 @@ where
     Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
         let index = comm.rank();
         Devices::with(Device::sims(n), |devices| {
-            let ctx = Ctx { inner: Rc::new(Inner { comm: Comm::Sim(comm), devices, index, host: Host::new() }) };
+            let ctx = Ctx {
+                inner: Rc::new(Inner {
+                    comm: Comm::Sim(comm),
+                    devices,
+                    index,
+                    host: Host::new(),
+                    auto_place: opts.auto_place,
+                }),
+            };
             body(&ctx)
         })
         .map_err(nx_placement::Error::from)?
@@ -248,7 +265,7 @@ where
 }
 
 #[cfg(feature = "mpi")]
-fn launch_mpi<R, F>(checked: bool, timeout: Duration, body: F) -> Result<Vec<R>>
+fn launch_mpi<R, F>(checked: bool, timeout: Duration, auto_place: bool, body: F) -> Result<Vec<R>>
 where
     F: for<'d> Fn(&Ctx<'d>) -> Result<R>,
 {
@@ -259,7 +276,7 @@ where
         Devices::with(list, |devices| {
             // ranks may share a host: one rayon thread each keeps them from oversubscribing it
             let host = Host::with_threads(1)?;
-            let ctx = Ctx { inner: Rc::new(Inner { comm: Comm::Mpi(comm), devices, index, host }) };
+            let ctx = Ctx { inner: Rc::new(Inner { comm: Comm::Mpi(comm), devices, index, host, auto_place }) };
             body(&ctx)
         })
         .map_err(nx_placement::Error::from)?
@@ -268,7 +285,7 @@ where
 }
 
 #[cfg(not(feature = "mpi"))]
-fn launch_mpi<R, F>(_: bool, _: Duration, _: F) -> Result<Vec<R>>
+fn launch_mpi<R, F>(_: bool, _: Duration, _: bool, _: F) -> Result<Vec<R>>
 where
     F: for<'d> Fn(&Ctx<'d>) -> Result<R>,
 {

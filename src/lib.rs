@@ -28,7 +28,7 @@ pub mod store;
 mod tensor;
 
 pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};
-pub use tensor::{from_f64, normal, Tensor};
+pub use tensor::{from_f64, normal, uniform, Tensor};
 
 pub use nx_collectives as collectives;
 pub use nx_kernels as kernels;

@@ -8,12 +8,14 @@
 //! | `add`, `sub` | equal placements (a broadcast operand whose windows match) | that placement; partial stays partial (a sum of sums) |
 //! | `scale` | any | the same placement |
 //! | `mul`, `map`, `relu`, … (nonlinear) | equal placements, none partial | that placement; a partial operand is an error |
-//! | `matmul` | `[m, k] · [k, n]` over one mesh | rows cut as the left's, columns as the right's; where both cut `k` over the same mesh axes, a sum over them (partial), closed only by [`Tensor::place`] |
+//! | `matmul`, `contract` | over one mesh | each result axis cut as its operand cuts it (rows as the left's, columns as the right's); where both cut a contracting axis over the same mesh axes, a sum over them (partial), closed only by [`Tensor::place`] |
 //! | `sum(axis)` | any | the axis removed; cut over mesh axes → partial over them; whole → local |
 //! | `transpose` | 2-D | the cuts follow their axes |
 //! | `local_map` | any | the placement the caller declares, checked against the windows |
 //!
-//! Operands placed differently are an error naming both placements: place one first.
+//! Operands placed differently are an error naming both placements: place one first, or launch
+//! with [`crate::LaunchOptions::auto_place`], which places a map's same-shaped operand as the first
+//! one and logs each move on rank 0's stderr.
 
 use nx_collectives::Reducible;
 use nx_kernels::prog::{CmpOp, Prog, UnOp, V};
@@ -132,6 +134,50 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         })
     }
 
+    /// Uniform samples in [0, 1) from `seed`: element i's value depends on the seed and i alone.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_fn`].
+    pub fn rand(ctx: &Ctx<'d>, shape: &[usize], placement: &Placement<'d>, seed: u64) -> Result<Self> {
+        let strides: Vec<usize> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+        Tensor::from_fn(ctx, shape, placement, |i| {
+            let flat = i.iter().zip(&strides).map(|(a, b)| a * b).sum::<usize>() as u64;
+            T::from_value(Value::Float(uniform(seed, flat)))
+        })
+    }
+
+    /// The value `whole` held by rank `src` alone (other ranks pass `None`), laid out at
+    /// `placement`: rank `src` sends each rank its window (the plan from `device(src)`).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] where rank `src` passes no value or one of another shape, or another rank
+    /// passes one; the errors of [`Tensor::place`].
+    pub fn distribute(
+        ctx: &Ctx<'d>,
+        shape: &[usize],
+        placement: &Placement<'d>,
+        src: usize,
+        whole: Option<Array<T>>,
+    ) -> Result<Self> {
+        let here = Placement::device(ctx.devices(), src)?;
+        let mine = ctx.index() == src;
+        if mine != whole.is_some() || whole.as_ref().is_some_and(|a| a.shape() != shape) {
+            return Err(err(
+                "nx::Tensor::distribute",
+                format!(
+                    "rank {} passed {:?} for a value of shape {shape:?} held by rank {src}",
+                    ctx.rank(),
+                    whole.map(|a| a.shape().to_vec())
+                ),
+            ));
+        }
+        let whole = match whole {
+            Some(a) if !a.layout().is_contiguous() => Some(a.copy()?),
+            w => w,
+        };
+        Tensor::from_local(ctx, shape, &here, whole)?.place(placement)
+    }
+
     /// The tensor whose window on this rank is `local`, of global `shape` at `placement`.
     ///
     /// # Errors
@@ -212,6 +258,15 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok(self.place(&on)?.local.expect("every device holds the value at `on`"))
     }
 
+    /// The whole value on rank `dst` alone (`None` on the others): a gather to one device.
+    ///
+    /// # Errors
+    /// As [`Tensor::place`]; a rank past the set.
+    pub fn full_on(&self, dst: usize) -> Result<Option<Array<T>>> {
+        let one = Placement::device(self.ctx.devices(), dst)?;
+        Ok(self.place(&one)?.local)
+    }
+
     fn with_local(&self, placement: Placement<'d>, shape: Vec<usize>, local: Option<Array<T>>) -> Self {
         Tensor { ctx: self.ctx.clone(), shape, placement, local }
     }
@@ -225,6 +280,28 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         linear: bool,
         build: impl Fn(&mut Prog, &[V]) -> V,
     ) -> Result<Self> {
+        // Opt-in automatic placement: an operand of the same shape placed otherwise moves to this
+        // one's placement, and the move is logged.
+        let moved: Vec<Tensor<'d, T>> = others
+            .iter()
+            .map(|o| {
+                if self.ctx.auto_place() && o.shape == self.shape && !o.placement.equal(&self.placement) {
+                    let plan = o.plan(&self.placement)?;
+                    let bytes: u64 = plan.bytes_received().iter().sum();
+                    if self.ctx.rank() == 0 {
+                        eprintln!(
+                            "nx: {func}: placed an operand from {} to {} ({bytes} bytes moved)",
+                            o.placement, self.placement
+                        );
+                    }
+                    o.place(&self.placement)
+                } else {
+                    Ok((*o).clone())
+                }
+            })
+            .collect::<Result<_>>()?;
+        let others: Vec<&Tensor<'d, T>> = moved.iter().collect();
+        let others = &others[..];
         for o in others {
             if !o.placement.equal(&self.placement) || o.shape != self.shape {
                 // a broadcast operand: its windows must be the result's on its own axes
@@ -347,17 +424,32 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         self.zip("nx::Tensor::unary", &[], false, |p, l| p.unary(op, l[0]))
     }
 
-    /// The matrix product `self [m, k] · other [k, n]`, placed as the module docs say.
+    /// The matrix product `self [m, k] · other [k, n]`: [`Tensor::contract`] with one contracting
+    /// pair.
     ///
     /// # Errors
-    /// Operands of other ranks or extents; placements over different meshes, or whose cuts do not
-    /// combine (the contracting axis cut differently on the two sides, a mesh axis cutting two
-    /// result axes); partial operands.
+    /// As [`Tensor::contract`].
     pub fn matmul(&self, other: &Tensor<'d, T>) -> Result<Self> {
-        const FUNC: &str = "nx::Tensor::matmul";
         if self.shape.len() != 2 || other.shape.len() != 2 || self.shape[1] != other.shape[0] {
-            return Err(err(FUNC, format!("needs [m, k] · [k, n], got {:?} · {:?}", self.shape, other.shape)));
+            return Err(err(
+                "nx::Tensor::matmul",
+                format!("needs [m, k] · [k, n], got {:?} · {:?}", self.shape, other.shape),
+            ));
         }
+        self.contract(other, &Contraction::matmul(0))
+    }
+
+    /// The general contraction `spec` of `self` with `other` (result axes: batch pairs, then this
+    /// operand's free axes, then the other's). Each result axis is cut as its operand cuts it; a
+    /// batch pair must be cut alike on both sides; contracting pairs cut alike on both sides
+    /// (over the same mesh axes) make the result a sum over those mesh axes.
+    ///
+    /// # Errors
+    /// Pairs of different extents or past the ranks; placements over different meshes; pairs cut
+    /// differently on the two sides; a mesh axis that would cut two result axes; partial operands.
+    pub fn contract(&self, other: &Tensor<'d, T>, spec: &Contraction) -> Result<Self> {
+        const FUNC: &str = "nx::Tensor::contract";
+        let shape = spec.shape(&self.shape, &other.shape).map_err(|why| err(FUNC, why))?;
         if self.placement.mesh_of().spec() != other.placement.mesh_of().spec()
             || !self.placement.devices().same_list(other.placement.devices())
         {
@@ -374,41 +466,60 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         }
         let (xc, _) = parts(FUNC, &self.placement)?;
         let (wc, _) = parts(FUNC, &other.placement)?;
-        let (rows, kx, kw, cols) = (cut_of(&xc, 0), cut_of(&xc, 1), cut_of(&wc, 0), cut_of(&wc, 1));
-        if kx != kw {
-            return Err(err(
+        let differ = |what: &str, i: usize, j: usize, a: &[String], b: &[String]| {
+            err(
                 FUNC,
                 format!(
-                    "the contracting axis is cut over {kx:?} on the left ({}) and {kw:?} on the right ({}): place one to match",
+                    "the {what} pair ({i}, {j}) is cut over {a:?} on the left ({}) and {b:?} on the right ({}): place one to match",
                     self.placement, other.placement
                 ),
-            ));
+            )
+        };
+        let mut sums: Vec<String> = Vec::new();
+        for &(i, j) in &spec.contracting {
+            let (a, b) = (cut_of(&xc, i), cut_of(&wc, j));
+            if a != b {
+                return Err(differ("contracting axis", i, j, &a, &b));
+            }
+            sums.extend(a);
         }
-        let clash = rows.iter().chain(&kx).any(|a| cols.contains(a)) || rows.iter().any(|a| kx.contains(a));
-        if clash {
-            return Err(err(
-                FUNC,
-                format!("{} · {}: a mesh axis would cut two axes of the product", self.placement, other.placement),
-            ));
+        let mut axes_cuts: Vec<Vec<String>> = Vec::new();
+        for &(i, j) in &spec.batch {
+            let (a, b) = (cut_of(&xc, i), cut_of(&wc, j));
+            if a != b {
+                return Err(differ("batch", i, j, &a, &b));
+            }
+            axes_cuts.push(a);
         }
-        let mut cuts = Vec::new();
-        if !rows.is_empty() {
-            cuts.push((0, rows));
+        let used_a: Vec<usize> = spec.batch.iter().map(|p| p.0).chain(spec.contracting.iter().map(|p| p.0)).collect();
+        let used_b: Vec<usize> = spec.batch.iter().map(|p| p.1).chain(spec.contracting.iter().map(|p| p.1)).collect();
+        axes_cuts.extend((0..self.shape.len()).filter(|a| !used_a.contains(a)).map(|a| cut_of(&xc, a)));
+        axes_cuts.extend((0..other.shape.len()).filter(|a| !used_b.contains(a)).map(|a| cut_of(&wc, a)));
+        let mut seen: Vec<&String> = sums.iter().collect();
+        for c in axes_cuts.iter().flatten() {
+            if seen.contains(&c) {
+                return Err(err(
+                    FUNC,
+                    format!(
+                        "{} · {}: mesh axis {c:?} would cut two axes of the result",
+                        self.placement, other.placement
+                    ),
+                ));
+            }
+            seen.push(c);
         }
-        if !cols.is_empty() {
-            cuts.push((1, cols));
-        }
+        let cuts: Vec<(usize, Vec<String>)> =
+            axes_cuts.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect();
         let placement = if self.placement.spec() == PlacementSpec::On && other.placement.spec() == PlacementSpec::On {
             Placement::on(self.ctx.devices())
         } else {
-            rebuild(&self.placement, &kx, &cuts)?
+            rebuild(&self.placement, &sums, &cuts)?
         };
-        let shape = vec![self.shape[0], other.shape[1]];
         let local = match (&self.local, &other.local, placement.window(&shape, self.ctx.index())?) {
             (Some(a), Some(b), Some(w)) => {
                 let dst = Array::<T>::zeros(self.ctx.device(), &window_shape(&w))?;
                 let ops: [&dyn nx_kernels::Operand; 2] = [a, b];
-                check(FUNC, self.ctx.host().contract(&Contraction::matmul(0), &dst, a, b, None), &ops)?;
+                check(FUNC, self.ctx.host().contract(spec, &dst, a, b, None), &ops)?;
                 Some(dst)
             }
             _ => None,
@@ -515,18 +626,25 @@ fn check(func: &'static str, a: Answer, ops: &[&dyn nx_kernels::Operand]) -> Res
     }
 }
 
+/// The uniform sample in [0, 1) [`Tensor::rand`] puts at flat index `index` for `seed`.
+pub fn uniform(seed: u64, index: u64) -> f64 {
+    let z = splitmix(seed ^ splitmix(index));
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// The standard normal sample [`Tensor::randn`] puts at flat index `index` for `seed`: two
 /// splitmix64 draws through Box–Muller. Public so that a single-device reference can rebuild the
 /// same values.
 pub fn normal(seed: u64, index: u64) -> f64 {
-    let mix = |mut z: u64| {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
-    let a = mix(seed ^ mix(index.wrapping_mul(2)));
-    let b = mix(seed ^ mix(index.wrapping_mul(2) + 1));
+    let a = splitmix(seed ^ splitmix(index.wrapping_mul(2)));
+    let b = splitmix(seed ^ splitmix(index.wrapping_mul(2) + 1));
     let u1 = ((a >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
     let u2 = (b >> 11) as f64 / (1u64 << 53) as f64;
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()

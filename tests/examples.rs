@@ -72,6 +72,17 @@ fn examples_run_under_mpirun_with_the_same_bits() {
     }
     let args = ["--steps", "30", "--mesh", "dp=2,tp=2"];
     let mpi = checksum(&mpirun(4, "train_mlp", &args));
+    // and through `nx run -n 4 --mpi` (the launcher of the workspace, built beside this test)
+    let nx = example("placements").parent().and_then(|d| d.parent()).expect("target/<profile>").join("nx");
+    if nx.exists() {
+        let mut cmd = Command::new(&nx);
+        cmd.args(["run", "-n", "4", "--mpi", "--"]).arg(example("train_mlp")).args(args);
+        assert_eq!(checksum(&run(cmd, Duration::from_secs(300))), mpi, "under nx run");
+        let mut cmd = Command::new(&nx);
+        cmd.args(["run", "-n", "4", "--mpi", "--"]).arg(example("tensor_parallel"));
+        let out = run(cmd, Duration::from_secs(300));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
     let mut cmd = Command::new(example("train_mlp"));
     cmd.args(args);
     let sim = checksum(&run(cmd, Duration::from_secs(300)));

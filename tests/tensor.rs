@@ -143,3 +143,67 @@ fn plan_shows_what_place_moves() {
     })
     .unwrap();
 }
+
+#[test]
+fn general_contractions_distribute_gather_and_rand() {
+    for (dp, tp) in [(1, 1), (2, 1), (2, 2), (3, 2)] {
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            // a [B, M, K] with b [K, B, N]: batch (0, 1), contracting (2, 0); batch over dp, K over tp
+            let (bt, m, k, n) = (dp + 1, 3, 2 * tp + 1, 2);
+            let fa = |i: &[usize]| (i[0] * 100 + i[1] * 10 + i[2]) as f64 * 0.01;
+            let fb = |i: &[usize]| (i[0] as f64 - 2.0 * i[1] as f64 + 0.5 * i[2] as f64) * 0.1;
+            let a = Tensor::<f64>::from_fn(ctx, &[bt, m, k], &p("mesh(0:dp, 2:tp)")?, fa)?;
+            let b = Tensor::<f64>::from_fn(ctx, &[k, bt, n], &p("mesh(1:dp, 0:tp)")?, fb)?;
+            let spec = nx::kernels::Contraction { batch: vec![(0, 1)], contracting: vec![(2, 0)] };
+            let y = a.contract(&b, &spec)?;
+            assert_eq!(y.placement().to_string(), "partial(tp; 0:dp)"); // batch over dp, K summed over tp
+            let got = y.full()?.to_vec()?;
+            for z in 0..bt {
+                for i in 0..m {
+                    for j in 0..n {
+                        let w: f64 = (0..k).map(|q| fa(&[z, i, q]) * fb(&[q, z, j])).sum();
+                        assert!((got[(z * m + i) * n + j] - w).abs() < 1e-12);
+                    }
+                }
+            }
+            // distribute from the last rank, gather to rank 0 alone
+            let src = ctx.size() - 1;
+            let whole = (ctx.rank() == src)
+                .then(|| nx::kernels::Array::<f32>::from_fn(ctx.device(), &[5, 3], |i| (i[0] * 3 + i[1]) as f32))
+                .transpose()?;
+            let t = Tensor::<f32>::distribute(ctx, &[5, 3], &p("mesh(0:dp, 1:tp)")?, src, whole)?;
+            let at0 = t.full_on(0)?;
+            assert_eq!(at0.is_some(), ctx.rank() == 0);
+            if let Some(a) = at0 {
+                assert_eq!(a.to_vec()?, (0..15).map(|x| x as f32).collect::<Vec<_>>());
+            }
+            // rand: one global value whatever the placement, in [0, 1)
+            let r1 = Tensor::<f64>::rand(ctx, &[4, 5], &p("mesh(0:dp)")?, 3)?.full()?.to_vec()?;
+            let r2 = Tensor::<f64>::rand(ctx, &[4, 5], &p("mesh(1:tp)")?, 3)?.full()?.to_vec()?;
+            assert_eq!(r1, r2);
+            assert!(r1.iter().all(|&x| (0.0..1.0).contains(&x)));
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}
+
+#[test]
+fn automatic_placement_is_opt_in_and_moves_the_operand() {
+    let run = |auto: bool| {
+        launch_with(&LaunchOptions { devices: Some(4), auto_place: auto, ..Default::default() }, |ctx| {
+            let mesh = ctx.mesh(&[("dp", 2), ("tp", 2)])?;
+            let x = Tensor::<f64>::from_fn(ctx, &[5, 3], &Placement::mesh(&mesh, &[(0, &["dp"])])?, a)?;
+            let y = Tensor::<f64>::from_fn(ctx, &[5, 3], &Placement::mesh(&mesh, &[(1, &["tp"])])?, b)?;
+            let z = x.add(&y)?;
+            assert!(z.placement().equal(x.placement()));
+            let want: Vec<f64> = (0..15).map(|q| a(&[q / 3, q % 3]) + b(&[q / 3, q % 3])).collect();
+            assert!(close(&z.full()?.to_vec()?, &want));
+            Ok(())
+        })
+    };
+    assert!(run(false).unwrap_err().to_string().contains("placed differently"));
+    run(true).unwrap();
+}
