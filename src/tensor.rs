@@ -1,21 +1,4 @@
-//! `Tensor<'d, T>`: a global array over the device set of brand `'d`, laid out by a placement;
-//! each rank holds its window (or a term of a sum) as a local [`Array`].
-//!
-//! Every op states its result's placement, and none moves a byte silently:
-//!
-//! | op | operands | result |
-//! |---|---|---|
-//! | `add`, `sub` | equal placements (a broadcast operand whose windows match) | that placement; partial stays partial (a sum of sums) |
-//! | `scale` | any | the same placement |
-//! | `mul`, `map`, `relu`, … (nonlinear) | equal placements, none partial | that placement; a partial operand is an error |
-//! | `matmul`, `contract` | over one mesh | each result axis cut as its operand cuts it (rows as the left's, columns as the right's); where both cut a contracting axis over the same mesh axes, a sum over them (partial), closed only by [`Tensor::place`] |
-//! | `sum(axis)` | any | the axis removed; cut over mesh axes → partial over them; whole → local |
-//! | `transpose` | 2-D | the cuts follow their axes |
-//! | `local_map` | any | the placement the caller declares, checked against the windows |
-//!
-//! Operands placed differently are an error naming both placements: place one first, or launch
-//! with [`crate::LaunchOptions::auto_place`], which places a map's same-shaped operand as the first
-//! one and logs each move on rank 0's stderr.
+//! Distributed tensors: [`Tensor`].
 
 use nx_collectives::Reducible;
 use nx_kernels::prog::{CmpOp, Prog, UnOp, V};
@@ -26,7 +9,24 @@ use nx_placement::{Placement, PlacementSpec, Plan};
 use crate::launch::Ctx;
 use crate::{Error, Result};
 
-/// A distributed array of `T` over the devices of brand `'d`. See the [module docs](self).
+/// `Tensor<'d, T>`: a global array over the device set of brand `'d`, laid out by a placement;
+/// each rank holds its window (or a term of a sum) as a local [`Array`].
+///
+/// Every op states its result's placement, and none moves a byte silently:
+///
+/// | op | operands | result |
+/// |---|---|---|
+/// | `add`, `sub` | equal placements (a broadcast operand whose windows match) | that placement; partial stays partial (a sum of sums) |
+/// | `scale` | any | the same placement |
+/// | `mul`, `map`, `relu`, … (nonlinear) | equal placements, none partial | that placement; a partial operand is an error |
+/// | `matmul`, `contract` | over one mesh | each result axis cut as its operand cuts it (rows as the left's, columns as the right's); where both cut a contracting axis over the same mesh axes, a sum over them (partial), closed only by [`Tensor::place`] |
+/// | `sum(axis)` | any | the axis removed; cut over mesh axes → partial over them; whole → local |
+/// | `transpose` | 2-D | the cuts follow their axes |
+/// | `local_map` | any | the placement the caller declares, checked against the windows |
+///
+/// Operands placed differently are an error naming both placements: place one first, or launch
+/// with [`crate::LaunchOptions::auto_place`], which places a map's same-shaped operand as the first
+/// one and logs each move on rank 0's stderr.
 #[derive(Clone)]
 pub struct Tensor<'d, T: Reducible> {
     ctx: Ctx<'d>,
@@ -272,7 +272,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     }
 
     /// Runs `build` (a program over loads of `T`, one per operand, answering its output) on each
-    /// rank's windows; the operands must be placed alike (see the module docs).
+    /// rank's windows; the operands must be placed alike (see [`Tensor`]).
     fn zip(
         &self,
         func: &'static str,

@@ -121,7 +121,7 @@ fn term(i: usize, t: usize) -> f32 {
     global(i) / 3.0 + t as f32 * 0.25
 }
 
-/// Runs [`place`] for a fixed set of transitions on a mesh of `c.size()` devices (a 2-axis mesh
+/// Runs [`place()`] for a fixed set of transitions on a mesh of `c.size()` devices (a 2-axis mesh
 /// where the size allows) and checks each rank's window bit for bit against the global value (the
 /// term-order sum of a partial one).
 ///

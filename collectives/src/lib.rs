@@ -17,8 +17,10 @@
 //! [`Error::Timeout`] naming the ranks that did not arrive. Lengths, counts and dtypes are checked
 //! before any byte moves, checked mode or not.
 
+use std::cell::Cell;
 use std::fmt;
 use std::panic::Location;
+use std::time::Duration;
 
 pub mod conformance;
 pub mod mpi;
@@ -59,6 +61,15 @@ impl fmt::Display for Fingerprint {
 }
 
 impl Fingerprint {
+    /// The next fingerprint of a communicator whose sequence counter is `seq`, for a call of `op`
+    /// from the caller's caller.
+    #[track_caller]
+    pub fn next(seq: &Cell<u64>, op: &'static str, dtype: Option<Dtype>, counts: Vec<usize>) -> Fingerprint {
+        let n = seq.get();
+        seq.set(n + 1);
+        Fingerprint { seq: n, op, dtype, counts, site: Location::caller() }
+    }
+
     /// Whether two ranks' calls agree: in checked mode everything, otherwise the op, the dtype and
     /// the counts (what keeps bytes in bounds).
     pub fn agrees(&self, other: &Fingerprint, checked: bool) -> bool {
@@ -68,6 +79,23 @@ impl Fingerprint {
         } else {
             shape
         }
+    }
+}
+
+/// Settings of a communicator, passed explicitly (no global switch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Agree on full fingerprints (sequence, op, dtype, counts, call site) before each
+    /// collective; op, dtype and counts are always checked.
+    pub checked: bool,
+    /// How long a collective waits for its peers before failing.
+    pub timeout: Duration,
+}
+
+impl Default for Options {
+    /// Checked in debug builds and tests, five minutes' timeout.
+    fn default() -> Self {
+        Options { checked: cfg!(debug_assertions), timeout: Duration::from_secs(300) }
     }
 }
 

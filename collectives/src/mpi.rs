@@ -11,26 +11,10 @@
 //! failing rank
 //! and aborts the job (`MPI_Abort`), so that `mpirun` stops the others.
 //!
-//! Without the feature the same names are here and [`run`] answers [`Error::Invalid`] saying so.
+//! Without the feature the same names are here and [`run`] answers [`crate::Error::Invalid`] saying so.
 
-use std::time::Duration;
-
-/// Settings of the MPI backend, passed explicitly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MpiOptions {
-    /// Agree on full fingerprints (sequence, op, dtype, counts, call site); op, dtype and counts
-    /// are always checked.
-    pub checked: bool,
-    /// How long a collective waits for its peers' fingerprints before failing.
-    pub timeout: Duration,
-}
-
-impl Default for MpiOptions {
-    /// Checked in debug builds, five minutes' timeout.
-    fn default() -> Self {
-        MpiOptions { checked: cfg!(debug_assertions), timeout: Duration::from_secs(300) }
-    }
-}
+/// Settings of the MPI backend: the collectives' [`crate::Options`].
+pub type MpiOptions = crate::Options;
 
 /// Whether this process was started by `mpirun` (Open MPI's or a PMI launcher's variables).
 pub fn under_mpirun() -> bool {
@@ -186,9 +170,7 @@ mod imp {
     impl MpiComm {
         #[track_caller]
         fn fingerprint(&self, op: &'static str, dtype: Option<nx_kernels::Dtype>, counts: Vec<usize>) -> Fingerprint {
-            let seq = self.seq.get();
-            self.seq.set(seq + 1);
-            Fingerprint { seq, op, dtype, counts, site: Location::caller() }
+            Fingerprint::next(&self.seq, op, dtype, counts)
         }
 
         fn world_of(&self, r: usize) -> usize {
@@ -283,19 +265,6 @@ mod imp {
                 }
             }
             Ok(recs.into_iter().map(|r| r.map(|r| r.extra).unwrap_or_default()).collect())
-        }
-
-        fn op_fp(&self, what: &'static str, op: ReduceOp) -> &'static str {
-            match (what, op) {
-                ("all_reduce", ReduceOp::Sum) => "all_reduce_sum",
-                ("all_reduce", ReduceOp::Prod) => "all_reduce_prod",
-                ("all_reduce", ReduceOp::Max) => "all_reduce_max",
-                ("all_reduce", ReduceOp::Min) => "all_reduce_min",
-                (_, ReduceOp::Sum) => "reduce_scatter_sum",
-                (_, ReduceOp::Prod) => "reduce_scatter_prod",
-                (_, ReduceOp::Max) => "reduce_scatter_max",
-                (_, ReduceOp::Min) => "reduce_scatter_min",
-            }
         }
 
         /// Runs `f` with `n` elements of `T` of this communicator's reused scratch memory (their
@@ -396,7 +365,7 @@ mod imp {
             if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
                 return Err(Error::Invalid { func: FUNC, why: format!("{} has no {}", T::DTYPE, op.name()) });
             }
-            let fp = self.fingerprint(self.op_fp("all_reduce", op), Some(T::DTYPE), vec![send.len()]);
+            let fp = self.fingerprint(op.fingerprint_name("all_reduce"), Some(T::DTYPE), vec![send.len()]);
             self.agree(&fp, &[], None)?;
             let (n, len) = (self.size(), send.len());
             let counts: Vec<usize> = (0..n).map(|j| (j + 1) * len / n - j * len / n).collect();
@@ -444,7 +413,7 @@ mod imp {
             if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
                 return Err(Error::Invalid { func: FUNC, why: format!("{} has no {}", T::DTYPE, op.name()) });
             }
-            let fp = self.fingerprint(self.op_fp("reduce_scatter", op), Some(T::DTYPE), counts.to_vec());
+            let fp = self.fingerprint(op.fingerprint_name("reduce_scatter"), Some(T::DTYPE), counts.to_vec());
             self.agree(&fp, &[], None)?;
             self.exchange_and_reduce(send, recv, counts, op)
         }

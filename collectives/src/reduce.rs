@@ -18,6 +18,21 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// The fingerprint name of the reducing collective `what` (`all_reduce` or `reduce_scatter`)
+    /// with this op: the op is part of what ranks agree on.
+    pub fn fingerprint_name(self, what: &'static str) -> &'static str {
+        match (what, self) {
+            ("all_reduce", ReduceOp::Sum) => "all_reduce_sum",
+            ("all_reduce", ReduceOp::Prod) => "all_reduce_prod",
+            ("all_reduce", ReduceOp::Max) => "all_reduce_max",
+            ("all_reduce", ReduceOp::Min) => "all_reduce_min",
+            (_, ReduceOp::Sum) => "reduce_scatter_sum",
+            (_, ReduceOp::Prod) => "reduce_scatter_prod",
+            (_, ReduceOp::Max) => "reduce_scatter_max",
+            (_, ReduceOp::Min) => "reduce_scatter_min",
+        }
+    }
+
     /// The op's name.
     pub fn name(self) -> &'static str {
         match self {

@@ -16,29 +16,15 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt::Display;
-use std::panic::{AssertUnwindSafe, Location};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::reduce::reduce_into;
 use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
 
-/// Settings of a simulated world, passed explicitly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SimOptions {
-    /// Agree on full fingerprints (sequence, op, dtype, counts, call site) before each
-    /// collective. Op, dtype and counts are always checked.
-    pub checked: bool,
-    /// How long a collective waits for its peers before failing.
-    pub timeout: Duration,
-}
-
-impl Default for SimOptions {
-    /// Checked in debug builds and tests, five minutes' timeout.
-    fn default() -> Self {
-        SimOptions { checked: cfg!(debug_assertions), timeout: Duration::from_secs(300) }
-    }
-}
+/// Settings of a simulated world: the collectives' [`crate::Options`].
+pub type SimOptions = crate::Options;
 
 #[derive(Debug, Clone, Default)]
 struct Slot {
@@ -185,9 +171,7 @@ impl SimComm {
 
     #[track_caller]
     fn fingerprint(&self, op: &'static str, dtype: Option<nx_kernels::Dtype>, counts: Vec<usize>) -> Fingerprint {
-        let seq = self.seq.get();
-        self.seq.set(seq + 1);
-        Fingerprint { seq, op, dtype, counts, site: Location::caller() }
+        Fingerprint::next(&self.seq, op, dtype, counts)
     }
 
     /// Posts `slot` and waits for every member; answers every member's slot.
@@ -254,20 +238,6 @@ impl SimComm {
     /// The second rendezvous: every member is done with every buffer.
     fn close(&self) -> Result<()> {
         self.rendezvous(Slot::default()).map(|_| ())
-    }
-}
-
-/// The fingerprint name of a reducing collective: the op is part of what ranks agree on.
-fn op_name(what: &'static str, op: ReduceOp) -> &'static str {
-    match (what, op) {
-        ("all_reduce", ReduceOp::Sum) => "all_reduce_sum",
-        ("all_reduce", ReduceOp::Prod) => "all_reduce_prod",
-        ("all_reduce", ReduceOp::Max) => "all_reduce_max",
-        ("all_reduce", ReduceOp::Min) => "all_reduce_min",
-        (_, ReduceOp::Sum) => "reduce_scatter_sum",
-        (_, ReduceOp::Prod) => "reduce_scatter_prod",
-        (_, ReduceOp::Max) => "reduce_scatter_max",
-        (_, ReduceOp::Min) => "reduce_scatter_min",
     }
 }
 
@@ -350,7 +320,7 @@ impl Communicator for SimComm {
         if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
             return Err(invalid("nx_collectives::all_reduce", format!("{} has no {}", T::DTYPE, op.name())));
         }
-        let fp = self.fingerprint(op_name("all_reduce", op), Some(T::DTYPE), vec![send.len()]);
+        let fp = self.fingerprint(op.fingerprint_name("all_reduce"), Some(T::DTYPE), vec![send.len()]);
         let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let (n, len) = (self.size(), send.len());
         let (lo, hi) = (self.rank * len / n, (self.rank + 1) * len / n);
@@ -399,7 +369,7 @@ impl Communicator for SimComm {
         if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
             return Err(invalid(FUNC, format!("{} has no {}", T::DTYPE, op.name())));
         }
-        let fp = self.fingerprint(op_name("reduce_scatter", op), Some(T::DTYPE), counts.to_vec());
+        let fp = self.fingerprint(op.fingerprint_name("reduce_scatter"), Some(T::DTYPE), counts.to_vec());
         let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let off: usize = counts[..self.rank].iter().sum();
         // SAFETY: members are blocked until `close`; send buffers only read (their lengths agree by
