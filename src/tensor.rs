@@ -208,6 +208,17 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok(Tensor { ctx: ctx.clone(), shape: shape.to_vec(), placement: placement.clone(), local })
     }
 
+    /// [`Tensor::from_local`] without the check that `local` is this rank's window: for callers
+    /// that computed it from the placement themselves. A wrong window is a wrong value, not an error.
+    pub fn from_local_unchecked(
+        ctx: &Ctx<'d>,
+        shape: &[usize],
+        placement: &Placement<'d>,
+        local: Option<Array<T>>,
+    ) -> Self {
+        Tensor { ctx: ctx.clone(), shape: shape.to_vec(), placement: placement.clone(), local }
+    }
+
     /// The global shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
@@ -273,6 +284,33 @@ impl<'d, T: Reducible> Tensor<'d, T> {
 
     /// Runs `build` (a program over loads of `T`, one per operand, answering its output) on each
     /// rank's windows; the operands must be placed alike (see [`Tensor`]).
+    /// Runs a fused program over this tensor's window and the others' (one load each, this one
+    /// first; `build` answers the output node): one pass over memory on each rank, the result
+    /// placed as this operand. `linear` says the program is linear in its operands (a sum of
+    /// sums stays a sum), which admits partial values.
+    ///
+    /// ```
+    /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+    /// let p = nx::Placement::split(0, ctx.devices())?;
+    /// let (a, x) = (nx::Tensor::<f32>::from_fn(ctx, &[5], &p, |i| i[0] as f32)?, nx::Tensor::<f32>::rand(ctx, &[5], &p, 1)?);
+    /// // y = relu(2·a + x), fused
+    /// let y = a.map(&[&x], false, |prog, l| {
+    ///     let two = prog.float(2.0);
+    ///     let t = prog.mul(l[0], two);
+    ///     let s = prog.add(t, l[1]);
+    ///     let zero = prog.float(0.0);
+    ///     prog.max(s, zero)
+    /// })?;
+    /// assert!(y.placement().equal(&p));
+    /// # Ok(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// Operands placed differently; a partial operand of a nonlinear program.
+    pub fn map(&self, others: &[&Tensor<'d, T>], linear: bool, build: impl Fn(&mut Prog, &[V]) -> V) -> Result<Self> {
+        self.zip("nx::Tensor::map", others, linear, build)
+    }
+
     fn zip(
         &self,
         func: &'static str,
