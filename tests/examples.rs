@@ -78,10 +78,12 @@ fn examples_run_under_mpirun_with_the_same_bits() {
         let mut cmd = Command::new(&nx);
         cmd.args(["run", "-n", "4", "--mpi", "--"]).arg(example("train_mlp")).args(args);
         assert_eq!(checksum(&run(cmd, Duration::from_secs(300))), mpi, "under nx run");
-        let mut cmd = Command::new(&nx);
-        cmd.args(["run", "-n", "4", "--mpi", "--"]).arg(example("tensor_parallel"));
-        let out = run(cmd, Duration::from_secs(300));
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for (n, name) in [(4, "tensor_parallel"), (6, "placements")] {
+            let mut cmd = Command::new(&nx);
+            cmd.args(["run", "-n", &n.to_string(), "--mpi", "--"]).arg(example(name));
+            let out = run(cmd, Duration::from_secs(300));
+            assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        }
     }
     let mut cmd = Command::new(example("train_mlp"));
     cmd.args(args);

@@ -207,3 +207,44 @@ fn automatic_placement_is_opt_in_and_moves_the_operand() {
     assert!(run(false).unwrap_err().to_string().contains("placed differently"));
     run(true).unwrap();
 }
+
+mod random {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SPECS: [&str; 6] = ["mesh()", "mesh(0:dp)", "mesh(1:tp)", "mesh(0:dp, 1:tp)", "mesh(0:tp)", "mesh(1:dp)"];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// For random meshes, uneven shapes and operand placements: every op either gives the
+        /// single-device value at its documented placement, or refuses with a clear error.
+        #[test]
+        fn ops_match_one_device(dp in 1usize..=3, tp in 1usize..=3, m in 1usize..=7, k in 1usize..=7, n in 1usize..=7, pa in 0usize..6, pb in 0usize..6) {
+            let want = mm(m, k, n, a, b);
+            let r = launch_with(&opts(dp * tp), |ctx| -> nx::Result<()> {
+                let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+                let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+                let x = Tensor::<f64>::from_fn(ctx, &[m, k], &p(SPECS[pa])?, a)?;
+                let w = Tensor::<f64>::from_fn(ctx, &[k, n], &p(SPECS[pb])?, b)?;
+                match x.matmul(&w) {
+                    Ok(y) => assert!(close(&y.full()?.to_vec()?, &want), "{} x {}", SPECS[pa], SPECS[pb]),
+                    Err(e) => assert!(e.to_string().starts_with("nx::Tensor::contract"), "{e}"),
+                }
+                let s = x.sum(1)?;
+                let rows: Vec<f64> = (0..m).map(|i| (0..k).map(|j| a(&[i, j])).sum()).collect();
+                assert!(close(&s.full()?.to_vec()?, &rows));
+                let y = Tensor::<f64>::from_fn(ctx, &[m, k], &p(SPECS[pb])?, b)?;
+                match x.mul(&y) {
+                    Ok(z) => {
+                        let want: Vec<f64> = (0..m * k).map(|q| a(&[q / k, q % k]) * b(&[q / k, q % k])).collect();
+                        assert!(close(&z.full()?.to_vec()?, &want));
+                    }
+                    Err(e) => assert!(e.to_string().contains("placed differently"), "{e}"),
+                }
+                Ok(())
+            });
+            prop_assert!(r.is_ok(), "{r:?}");
+        }
+    }
+}
