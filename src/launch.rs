@@ -13,7 +13,7 @@ use std::time::Duration;
 use nx_collectives::sim::{self, SimComm, SimOptions};
 use nx_collectives::{Communicator, ReduceOp, Reducible};
 use nx_kernels::Host;
-use nx_mesh::{Device, DeviceKind, Devices, Mesh};
+use nx_mesh::{Device, Devices, Mesh};
 
 use crate::{Error, Result};
 
@@ -272,7 +272,7 @@ where
     use nx_collectives::mpi::{self, MpiComm, MpiOptions};
     let r = mpi::run(MpiOptions { checked, timeout }, |comm: MpiComm| -> Result<R> {
         let (n, index) = (comm.size(), comm.rank());
-        let list: Vec<Device> = (0..n).map(|r| Device::new(DeviceKind::Cpu, r, r)).collect();
+        let list: Vec<Device> = (0..n).map(|r| Device::new(nx_mesh::DeviceKind::Cpu, r, r)).collect();
         Devices::with(list, |devices| {
             // ranks may share a host: one rayon thread each keeps them from oversubscribing it
             let host = Host::with_threads(1)?;
@@ -289,7 +289,6 @@ fn launch_mpi<R, F>(_: bool, _: Duration, _: bool, _: F) -> Result<Vec<R>>
 where
     F: for<'d> Fn(&Ctx<'d>) -> Result<R>,
 {
-    let _ = DeviceKind::Cpu;
     Err(Error::Invalid {
         func: "nx::launch",
         why: "started under mpirun, but this program was built without the `mpi` feature: build with --features mpi"

@@ -610,12 +610,10 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         let placement = if sums.is_empty() && rest.is_empty() && self.placement.spec() == PlacementSpec::On {
             self.placement.clone()
         } else if matches!(self.placement.spec(), PlacementSpec::Split(_)) && sums.is_empty() {
-            let a = rest[0].0;
-            Placement::split(a, self.placement.devices())?
-        } else if matches!(self.placement.spec(), PlacementSpec::Split(_)) {
-            // a split's cut axis summed: a sum over the flat mesh
-            rebuild(&self.placement, &sums, &rest)?
+            // another axis of a split summed: still a split, of the shifted axis
+            Placement::split(rest[0].0, self.placement.devices())?
         } else {
+            // (a split's own axis summed is a sum over its flat mesh's `x`)
             rebuild(&self.placement, &sums, &rest)?
         };
         let mut shape = self.shape.clone();

@@ -22,6 +22,7 @@ use std::fmt;
 use std::panic::Location;
 use std::time::Duration;
 
+mod checks;
 pub mod conformance;
 pub mod mpi;
 pub mod place;

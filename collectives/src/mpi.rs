@@ -60,6 +60,7 @@ mod imp {
     use mpi::Count;
 
     use super::MpiOptions;
+    use crate::checks;
     use crate::reduce::reduce_into;
     use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
 
@@ -173,12 +174,6 @@ mod imp {
             Fingerprint::next(&self.seq, op, dtype, counts)
         }
 
-        fn world_of(&self, r: usize) -> usize {
-            // ranks of sub-communicators are reported as they number themselves; world ranks
-            // travel in the records for messages that name peers
-            r
-        }
-
         /// Sends this rank's record to each of `peers` and receives theirs, against the deadline.
         /// Answers the records by peer (this rank's own in its place).
         fn exchange(&self, fp: &Fingerprint, extra: &[usize], peers: &[usize]) -> Result<Vec<Option<Record>>> {
@@ -266,9 +261,9 @@ mod imp {
                 let same = a.shape == b.shape && (!self.opts.checked || (a.seq == b.seq && a.words == b.words));
                 if !same {
                     return Err(Error::Mismatch {
-                        rank_a: self.world_of(first),
+                        rank_a: first,
                         call_a: a.words.clone(),
-                        rank_b: self.world_of(j),
+                        rank_b: j,
                         call_b: b.words.clone(),
                     });
                 }
@@ -351,12 +346,7 @@ mod imp {
 
         #[track_caller]
         fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> Result<()> {
-            if root >= self.size() {
-                return Err(Error::Invalid {
-                    func: "nx_collectives::broadcast",
-                    why: format!("root {root} of a group of {}", self.size()),
-                });
-            }
+            checks::root(root, self.size())?;
             let fp = self.fingerprint("broadcast", Some(T::DTYPE), vec![buf.len(), root]);
             self.agree(&fp, &[], None)?;
             if !buf.is_empty() {
@@ -367,16 +357,7 @@ mod imp {
 
         #[track_caller]
         fn all_reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-            const FUNC: &str = "nx_collectives::all_reduce";
-            if send.len() != recv.len() {
-                return Err(Error::Invalid {
-                    func: FUNC,
-                    why: format!("send of {} and recv of {} elements", send.len(), recv.len()),
-                });
-            }
-            if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
-                return Err(Error::Invalid { func: FUNC, why: format!("{} has no {}", T::DTYPE, op.name()) });
-            }
+            checks::all_reduce(send, recv, op)?;
             let fp = self.fingerprint(op.fingerprint_name("all_reduce"), Some(T::DTYPE), vec![send.len()]);
             self.agree(&fp, &[], None)?;
             let (n, len) = (self.size(), send.len());
@@ -386,7 +367,8 @@ mod imp {
             // this rank's chunk of the sum, reduced straight into its place in `recv`
             self.exchange_and_reduce(send, &mut recv[lo..lo + mine], &counts, op)?;
             let size = std::mem::size_of::<T>();
-            let c: Vec<Count> = counts.iter().map(|&x| count(x * size, FUNC)).collect::<Result<_>>()?;
+            let c: Vec<Count> =
+                counts.iter().map(|&x| count(x * size, "nx_collectives::all_reduce")).collect::<Result<_>>()?;
             let d = displs(&c);
             // MPI_IN_PLACE is what this gather does: the chunk is copied out first (rsmpi takes
             // separate buffers)
@@ -406,25 +388,7 @@ mod imp {
             counts: &[usize],
             op: ReduceOp,
         ) -> Result<()> {
-            const FUNC: &str = "nx_collectives::reduce_scatter_v";
-            if counts.len() != self.size()
-                || counts.iter().sum::<usize>() != send.len()
-                || counts[self.rank()] != recv.len()
-            {
-                return Err(Error::Invalid {
-                    func: FUNC,
-                    why: format!(
-                        "counts {counts:?} for send of {} and recv of {} on rank {} of {}",
-                        send.len(),
-                        recv.len(),
-                        self.rank(),
-                        self.size()
-                    ),
-                });
-            }
-            if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
-                return Err(Error::Invalid { func: FUNC, why: format!("{} has no {}", T::DTYPE, op.name()) });
-            }
+            checks::reduce_scatter(send, recv, counts, op, self.rank(), self.size())?;
             let fp = self.fingerprint(op.fingerprint_name("reduce_scatter"), Some(T::DTYPE), counts.to_vec());
             self.agree(&fp, &[], None)?;
             self.exchange_and_reduce(send, recv, counts, op)
@@ -432,25 +396,12 @@ mod imp {
 
         #[track_caller]
         fn all_gather_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
-            const FUNC: &str = "nx_collectives::all_gather_v";
-            if counts.len() != self.size()
-                || counts[self.rank()] != send.len()
-                || counts.iter().sum::<usize>() != recv.len()
-            {
-                return Err(Error::Invalid {
-                    func: FUNC,
-                    why: format!(
-                        "counts {counts:?} for send of {} and recv of {} on rank {}",
-                        send.len(),
-                        recv.len(),
-                        self.rank()
-                    ),
-                });
-            }
+            checks::all_gather(send, recv, counts, self.rank(), self.size())?;
             let fp = self.fingerprint("all_gather", Some(T::DTYPE), counts.to_vec());
             self.agree(&fp, &[], None)?;
             let size = std::mem::size_of::<T>();
-            let c: Vec<Count> = counts.iter().map(|&x| count(x * size, FUNC)).collect::<Result<_>>()?;
+            let c: Vec<Count> =
+                counts.iter().map(|&x| count(x * size, "nx_collectives::all_gather_v")).collect::<Result<_>>()?;
             let d = displs(&c);
             let mut part = PartitionMut::new(bytes_mut(recv), &c[..], &d[..]);
             self.comm.all_gather_varcount_into(bytes(send), &mut part);
@@ -465,36 +416,18 @@ mod imp {
             recv: &mut [T],
             recv_counts: &[usize],
         ) -> Result<()> {
-            const FUNC: &str = "nx_collectives::all_to_all_v";
             let n = self.size();
-            if send_counts.len() != n
-                || recv_counts.len() != n
-                || send_counts.iter().sum::<usize>() != send.len()
-                || recv_counts.iter().sum::<usize>() != recv.len()
-            {
-                return Err(Error::Invalid {
-                    func: FUNC,
-                    why: format!("send counts {send_counts:?} for {} elements, recv counts {recv_counts:?} for {}, in a group of {n}", send.len(), recv.len()),
-                });
-            }
+            checks::all_to_all(send, send_counts, recv, recv_counts, n)?;
             let fp = self.fingerprint("all_to_all", Some(T::DTYPE), vec![n]);
             let extra: Vec<usize> = send_counts.iter().chain(recv_counts).copied().collect();
-            let all = self.agree(&fp, &extra, None)?.unwrap_or_default();
-            for (j, sj) in all.iter().enumerate() {
-                for (m, sm) in all.iter().enumerate() {
-                    if sj[m] != sm[n + j] {
-                        return Err(Error::Mismatch {
-                            rank_a: j,
-                            call_a: format!("all_to_all sending {} elements to rank {m}", sj[m]),
-                            rank_b: m,
-                            call_b: format!("all_to_all receiving {} elements from rank {j}", sm[n + j]),
-                        });
-                    }
-                }
+            if let Some(all) = self.agree(&fp, &extra, None)? {
+                checks::all_to_all_pairs(&all, |r| r)?;
             }
             let size = std::mem::size_of::<T>();
-            let sc: Vec<Count> = send_counts.iter().map(|&x| count(x * size, FUNC)).collect::<Result<_>>()?;
-            let rc: Vec<Count> = recv_counts.iter().map(|&x| count(x * size, FUNC)).collect::<Result<_>>()?;
+            let sc: Vec<Count> =
+                send_counts.iter().map(|&x| count(x * size, "nx_collectives::all_to_all_v")).collect::<Result<_>>()?;
+            let rc: Vec<Count> =
+                recv_counts.iter().map(|&x| count(x * size, "nx_collectives::all_to_all_v")).collect::<Result<_>>()?;
             let (sd, rd) = (displs(&sc), displs(&rc));
             let part = Partition::new(bytes(send), &sc[..], &sd[..]);
             let mut rpart = PartitionMut::new(bytes_mut(recv), &rc[..], &rd[..]);
@@ -504,12 +437,7 @@ mod imp {
 
         #[track_caller]
         fn send<T: Reducible>(&self, buf: &[T], to: usize) -> Result<()> {
-            if to >= self.size() || to == self.rank() {
-                return Err(Error::Invalid {
-                    func: "nx_collectives::send",
-                    why: format!("to rank {to} from rank {} of {}", self.rank(), self.size()),
-                });
-            }
+            checks::peer("nx_collectives::send", to, self.rank(), self.size())?;
             let fp = self.fingerprint("send", Some(T::DTYPE), vec![buf.len()]);
             self.pair(&fp, to)?;
             self.comm.process_at_rank(to as i32).send_with_tag(bytes(buf), DATA_TAG);
@@ -518,12 +446,7 @@ mod imp {
 
         #[track_caller]
         fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()> {
-            if from >= self.size() || from == self.rank() {
-                return Err(Error::Invalid {
-                    func: "nx_collectives::recv",
-                    why: format!("from rank {from} on rank {} of {}", self.rank(), self.size()),
-                });
-            }
+            checks::peer("nx_collectives::recv", from, self.rank(), self.size())?;
             let fp = self.fingerprint("recv", Some(T::DTYPE), vec![buf.len()]);
             self.pair(&fp, from)?;
             self.comm.process_at_rank(from as i32).receive_into_with_tag(bytes_mut(buf), DATA_TAG);

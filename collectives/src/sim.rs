@@ -20,6 +20,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::checks;
 use crate::reduce::reduce_into;
 use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
 
@@ -241,10 +242,6 @@ impl SimComm {
     }
 }
 
-fn invalid(func: &'static str, why: String) -> Error {
-    Error::Invalid { func, why }
-}
-
 /// Collectives whose buffers hold at least this many bytes write with streaming stores.
 const STREAM_MIN: usize = 4 << 20;
 
@@ -295,9 +292,7 @@ impl Communicator for SimComm {
 
     #[track_caller]
     fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        if root >= self.size() {
-            return Err(invalid("nx_collectives::broadcast", format!("root {root} of a group of {}", self.size())));
-        }
+        checks::root(root, self.size())?;
         let fp = self.fingerprint("broadcast", Some(T::DTYPE), vec![buf.len(), root]);
         let addr = buf.as_mut_ptr() as usize;
         let slots = self.open(fp, addr, addr, Vec::new())?;
@@ -311,15 +306,7 @@ impl Communicator for SimComm {
 
     #[track_caller]
     fn all_reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(invalid(
-                "nx_collectives::all_reduce",
-                format!("send of {} and recv of {} elements", send.len(), recv.len()),
-            ));
-        }
-        if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
-            return Err(invalid("nx_collectives::all_reduce", format!("{} has no {}", T::DTYPE, op.name())));
-        }
+        checks::all_reduce(send, recv, op)?;
         let fp = self.fingerprint(op.fingerprint_name("all_reduce"), Some(T::DTYPE), vec![send.len()]);
         let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let (n, len) = (self.size(), send.len());
@@ -352,23 +339,7 @@ impl Communicator for SimComm {
 
     #[track_caller]
     fn reduce_scatter_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: ReduceOp) -> Result<()> {
-        const FUNC: &str = "nx_collectives::reduce_scatter_v";
-        if counts.len() != self.size() || counts.iter().sum::<usize>() != send.len() || counts[self.rank] != recv.len()
-        {
-            return Err(invalid(
-                FUNC,
-                format!(
-                    "counts {counts:?} for send of {} and recv of {} on rank {} of {}",
-                    send.len(),
-                    recv.len(),
-                    self.rank,
-                    self.size()
-                ),
-            ));
-        }
-        if T::combine(op, T::default().widen(), T::default().widen()).is_none() {
-            return Err(invalid(FUNC, format!("{} has no {}", T::DTYPE, op.name())));
-        }
+        checks::reduce_scatter(send, recv, counts, op, self.rank(), self.size())?;
         let fp = self.fingerprint(op.fingerprint_name("reduce_scatter"), Some(T::DTYPE), counts.to_vec());
         let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let off: usize = counts[..self.rank].iter().sum();
@@ -384,18 +355,7 @@ impl Communicator for SimComm {
 
     #[track_caller]
     fn all_gather_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
-        if counts.len() != self.size() || counts[self.rank] != send.len() || counts.iter().sum::<usize>() != recv.len()
-        {
-            return Err(invalid(
-                "nx_collectives::all_gather_v",
-                format!(
-                    "counts {counts:?} for send of {} and recv of {} on rank {}",
-                    send.len(),
-                    recv.len(),
-                    self.rank
-                ),
-            ));
-        }
+        checks::all_gather(send, recv, counts, self.rank(), self.size())?;
         let fp = self.fingerprint("all_gather", Some(T::DTYPE), counts.to_vec());
         let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let off: usize = counts[..self.rank].iter().sum();
@@ -422,40 +382,13 @@ impl Communicator for SimComm {
         recv_counts: &[usize],
     ) -> Result<()> {
         let n = self.size();
-        if send_counts.len() != n
-            || recv_counts.len() != n
-            || send_counts.iter().sum::<usize>() != send.len()
-            || recv_counts.iter().sum::<usize>() != recv.len()
-        {
-            return Err(invalid(
-                "nx_collectives::all_to_all_v",
-                format!(
-                    "send counts {send_counts:?} for {} elements, recv counts {recv_counts:?} for {}, in a group of {n}",
-                    send.len(),
-                    recv.len()
-                ),
-            ));
-        }
+        checks::all_to_all(send, send_counts, recv, recv_counts, n)?;
         let fp = self.fingerprint("all_to_all", Some(T::DTYPE), vec![n]);
         let extra: Vec<usize> = send_counts.iter().chain(recv_counts).copied().collect();
         let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, extra)?;
         // every sender's count must be its receiver's; all ranks check all pairs alike
-        for (j, sj) in slots.iter().enumerate() {
-            for (m, sm) in slots.iter().enumerate() {
-                if sj.extra[m] != sm.extra[n + j] {
-                    return Err(Error::Mismatch {
-                        rank_a: self.world_of(j),
-                        call_a: format!("all_to_all sending {} elements to rank {}", sj.extra[m], self.world_of(m)),
-                        rank_b: self.world_of(m),
-                        call_b: format!(
-                            "all_to_all receiving {} elements from rank {}",
-                            sm.extra[n + j],
-                            self.world_of(j)
-                        ),
-                    });
-                }
-            }
-        }
+        let all: Vec<Vec<usize>> = slots.iter().map(|s| s.extra.clone()).collect();
+        checks::all_to_all_pairs(&all, |r| self.world_of(r))?;
         let mut at = 0;
         for (j, sj) in slots.iter().enumerate() {
             let src_off: usize = sj.extra[..self.rank].iter().sum();
@@ -470,12 +403,7 @@ impl Communicator for SimComm {
 
     #[track_caller]
     fn send<T: Reducible>(&self, buf: &[T], to: usize) -> Result<()> {
-        if to >= self.size() || to == self.rank {
-            return Err(invalid(
-                "nx_collectives::send",
-                format!("to rank {to} from rank {} of {}", self.rank, self.size()),
-            ));
-        }
+        checks::peer("nx_collectives::send", to, self.rank(), self.size())?;
         let fp = self.fingerprint("send", Some(T::DTYPE), vec![buf.len()]);
         let key = (self.world_rank(), self.world_of(to));
         let call = fp.to_string();
@@ -512,12 +440,7 @@ impl Communicator for SimComm {
 
     #[track_caller]
     fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()> {
-        if from >= self.size() || from == self.rank {
-            return Err(invalid(
-                "nx_collectives::recv",
-                format!("from rank {from} on rank {} of {}", self.rank, self.size()),
-            ));
-        }
+        checks::peer("nx_collectives::recv", from, self.rank(), self.size())?;
         let fp = self.fingerprint("recv", Some(T::DTYPE), vec![buf.len()]);
         let key = (self.world_of(from), self.world_rank());
         let call = fp.to_string();

@@ -6,7 +6,7 @@ use nx::{Ctx, Placement, Result, Tensor};
 /// What to train.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Mesh extents: data parallel, tensor parallel.
+    /// Data-parallel extent.
     pub dp: usize,
     /// Tensor-parallel extent.
     pub tp: usize,
@@ -14,7 +14,7 @@ pub struct Config {
     pub steps: usize,
     /// Learning rate.
     pub lr: f64,
-    /// Training rows, held-out rows, inputs, hidden units, classes.
+    /// Training rows.
     pub train: usize,
     /// Held-out rows.
     pub test: usize,
