@@ -27,6 +27,7 @@ pub mod conformance;
 pub mod mpi;
 pub mod place;
 mod reduce;
+mod shm;
 pub mod sim;
 
 pub use place::place;

@@ -1,6 +1,16 @@
 //! The MPI backend (feature `mpi`): this process is one rank under `mpirun`.
 //!
-//! MPI moves bytes; nx reduces them. A reduce-scatter is an `MPI_Alltoallv` of the blocks
+//! **Ranks on one host** (every rank of the world on this host, the usual single-node job): [`run`]
+//! makes an MPI-3 shared window (`MPI_Comm_split_type` + `MPI_Win_allocate_shared`) and every
+//! communicator, the world and each `split` of it, runs its collectives through it: the ranks meet
+//! through counters in the window, and data moves by one kernel copy between the user buffers
+//! (cross-memory attach) or, where the kernel refuses that, through double-buffered halves of the
+//! window. See the `shm` module's notes; `NX_MPI_SHM=0` (the same on every rank) keeps every
+//! collective on MPI's own calls. The window is freed when `run`'s body has returned on every
+//! rank; a failing run aborts without waiting for it. Ranks spread over several hosts use MPI's
+//! calls (a hierarchical path, shared memory within each host, is not built yet).
+//!
+//! **Otherwise** MPI moves bytes and nx reduces them. A reduce-scatter is an `MPI_Alltoallv` of the blocks
 //! followed by a local sum in rank (term) order, an all-reduce that reduce-scatter then an
 //! `MPI_Allgatherv` of the chunks — the same bits as the simulated backend, for the same bytes as
 //! MPI's ring (2·S·(n−1)/n a rank), never `MPI_Allreduce`'s unspecified order.
@@ -50,6 +60,7 @@ mod imp {
     use std::cell::{Cell, RefCell};
     use std::fmt::Display;
     use std::panic::{AssertUnwindSafe, Location};
+    use std::rc::Rc;
     use std::time::Instant;
 
     use mpi::datatype::{Partition, PartitionMut};
@@ -62,6 +73,7 @@ mod imp {
     use super::MpiOptions;
     use crate::checks;
     use crate::reduce::reduce_into;
+    use crate::shm::{Node, Shm, MAX_RANKS, SEGMENT};
     use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
 
     const FP_TAG: i32 = 7700;
@@ -76,6 +88,91 @@ mod imp {
         /// Reused message memory (8-byte aligned): a fresh large buffer would fault its pages in
         /// on every call, slower than the copy it serves.
         scratch: RefCell<Vec<u64>>,
+        /// The shared-memory path: this communicator's view of the segments of the host's ranks
+        /// (`None`: they are not all on one host, or shared memory is off).
+        shm: Option<Shm>,
+    }
+
+    /// An MPI-3 shared window (`MPI_Win_allocate_shared`) over the ranks of the world, which all
+    /// live on this host; freed when the last communicator that uses it and `run` let go (on
+    /// every rank at once: `run` holds it until its body has returned, on every rank).
+    struct Window {
+        win: mpi::ffi::MPI_Win,
+        /// The node communicator the window was made over (kept alive with it).
+        _node: SimpleCommunicator,
+    }
+
+    impl Drop for Window {
+        fn drop(&mut self) {
+            // SAFETY: `win` came from MPI_Win_allocate_shared and is freed once, by every rank at
+            // the same point (the end of `run`'s successful body; a failed run aborts instead).
+            unsafe { mpi::ffi::MPI_Win_free(&mut self.win) };
+        }
+    }
+
+    /// Makes the shared segments of the world's ranks (collective over `world`), or `None` where
+    /// they do not all share this host or MPI cannot make the window.
+    fn make_node(world: &SimpleCommunicator) -> Option<Rc<Node>> {
+        use mpi::raw::AsRaw as _;
+        let node = world.split_shared(world.rank());
+        let n = node.size() as usize;
+        if n != world.size() as usize || !(2..=MAX_RANKS).contains(&n) {
+            return None;
+        }
+        let mut base: *mut u8 = std::ptr::null_mut();
+        // SAFETY: a null handle, written by MPI_Win_allocate_shared.
+        let mut win = unsafe { mpi::ffi::RSMPI_WIN_NULL };
+        // SAFETY: FFI with valid out-pointers; collective over `node`, which every rank reaches
+        // here (in `run`).
+        let rc = unsafe {
+            mpi::ffi::MPI_Win_allocate_shared(
+                (SEGMENT + 64) as mpi::ffi::MPI_Aint,
+                1,
+                mpi::ffi::RSMPI_INFO_NULL,
+                node.as_raw(),
+                (&mut base as *mut *mut u8).cast(),
+                &mut win,
+            )
+        };
+        // every rank learns whether every rank got its segment
+        let ok = i32::from(rc == mpi::ffi::MPI_SUCCESS as i32 && !base.is_null());
+        let mut all = 0i32;
+        node.all_reduce_into(&ok, &mut all, mpi::collective::SystemOperation::min());
+        if all == 0 {
+            if rc == mpi::ffi::MPI_SUCCESS as i32 {
+                // SAFETY: made above and freed once, by every rank that made it (all did, or
+                // none: the window is collective).
+                unsafe { mpi::ffi::MPI_Win_free(&mut win) };
+            }
+            return None;
+        }
+        // segments start where MPI puts them (Open MPI: 8-byte aligned); each is used from its
+        // first 64-byte boundary (the same place in every process: mappings are page-aligned)
+        let align = |p: *mut u8| p.wrapping_add((p as usize).next_multiple_of(64) - p as usize);
+        let mut bases = Vec::with_capacity(n);
+        for q in 0..n as i32 {
+            let (mut size, mut unit, mut ptr): (mpi::ffi::MPI_Aint, i32, *mut u8) = (0, 0, std::ptr::null_mut());
+            // SAFETY: FFI with valid out-pointers on a live window.
+            unsafe { mpi::ffi::MPI_Win_shared_query(win, q, &mut size, &mut unit, (&mut ptr as *mut *mut u8).cast()) };
+            bases.push(align(ptr) as usize);
+        }
+        // SAFETY: this rank's own segment holds SEGMENT bytes from its first 64-byte boundary; no
+        // peer reads it until after the barrier below.
+        unsafe { Node::prepare(align(base), world.rank() as usize) };
+        node.barrier();
+        let me = node.rank() as usize;
+        let comm = node.duplicate();
+        let keep = Box::new(Window { win, _node: node });
+        // SAFETY: every segment lives as long as the window, which the node keeps; each was
+        // prepared before the barrier; at most MAX_RANKS (checked).
+        let mut shared = unsafe { Node::new(bases, me, keep) };
+        // one kernel copy straight from the peers' buffers where every rank may read every peer
+        let (mine, mut all) = (i32::from(shared.can_read_peers()), 0i32);
+        comm.all_reduce_into(&mine, &mut all, mpi::collective::SystemOperation::min());
+        if all == 1 {
+            shared.go_direct();
+        }
+        Some(Rc::new(shared))
     }
 
     impl std::fmt::Debug for MpiComm {
@@ -97,13 +194,12 @@ mod imp {
         })?;
         let world = universe.world();
         let rank = world.rank() as usize;
-        let comm = MpiComm {
-            comm: world.duplicate(),
-            world_rank: rank,
-            seq: Cell::new(0),
-            opts,
-            scratch: RefCell::new(Vec::new()),
-        };
+        let comm = world.duplicate();
+        // the same setting on every rank (mpirun passes the environment on), or MPI_Comm_split_type
+        // below would wait for the ranks that skip it
+        let node = if std::env::var("NX_MPI_SHM").is_ok_and(|v| v == "0") { None } else { make_node(&comm) };
+        let shm = node.as_ref().map(|n| Shm::new(n.clone(), (0..comm.size() as usize).collect(), opts.timeout));
+        let comm = MpiComm { comm, world_rank: rank, seq: Cell::new(0), opts, scratch: RefCell::new(Vec::new()), shm };
         let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
         let why = match out {
             Ok(Ok(v)) => return Ok(v),
@@ -338,7 +434,11 @@ mod imp {
         fn barrier(&self) -> Result<()> {
             let fp = self.fingerprint("barrier", None, Vec::new());
             // checked: every rank has sent its record to every other, so all arrived
-            if self.agree(&fp, &[], None)?.is_none() {
+            let checked = self.agree(&fp, &[], None)?.is_some();
+            if let Some(shm) = self.shm() {
+                return shm.barrier();
+            }
+            if !checked {
                 self.comm.barrier();
             }
             Ok(())
@@ -349,6 +449,9 @@ mod imp {
             checks::root(root, self.size())?;
             let fp = self.fingerprint("broadcast", Some(T::DTYPE), vec![buf.len(), root]);
             self.agree(&fp, &[], None)?;
+            if let Some(shm) = self.shm() {
+                return shm.broadcast(buf, root);
+            }
             if !buf.is_empty() {
                 self.comm.process_at_rank(root as i32).broadcast_into(bytes_mut(buf));
             }
@@ -360,6 +463,9 @@ mod imp {
             checks::all_reduce(send, recv, op)?;
             let fp = self.fingerprint(op.fingerprint_name("all_reduce"), Some(T::DTYPE), vec![send.len()]);
             self.agree(&fp, &[], None)?;
+            if let Some(shm) = self.shm() {
+                return shm.all_reduce(send, recv, op);
+            }
             let (n, len) = (self.size(), send.len());
             let counts: Vec<usize> = (0..n).map(|j| (j + 1) * len / n - j * len / n).collect();
             let lo = self.rank() * len / n;
@@ -391,6 +497,9 @@ mod imp {
             checks::reduce_scatter(send, recv, counts, op, self.rank(), self.size())?;
             let fp = self.fingerprint(op.fingerprint_name("reduce_scatter"), Some(T::DTYPE), counts.to_vec());
             self.agree(&fp, &[], None)?;
+            if let Some(shm) = self.shm() {
+                return shm.reduce_scatter_v(send, recv, counts, op);
+            }
             self.exchange_and_reduce(send, recv, counts, op)
         }
 
@@ -399,6 +508,9 @@ mod imp {
             checks::all_gather(send, recv, counts, self.rank(), self.size())?;
             let fp = self.fingerprint("all_gather", Some(T::DTYPE), counts.to_vec());
             self.agree(&fp, &[], None)?;
+            if let Some(shm) = self.shm() {
+                return shm.all_gather_v(send, recv, counts);
+            }
             let size = std::mem::size_of::<T>();
             let c: Vec<Count> =
                 counts.iter().map(|&x| count(x * size, "nx_collectives::all_gather_v")).collect::<Result<_>>()?;
@@ -422,6 +534,9 @@ mod imp {
             let extra: Vec<usize> = send_counts.iter().chain(recv_counts).copied().collect();
             if let Some(all) = self.agree(&fp, &extra, None)? {
                 checks::all_to_all_pairs(&all, |r| r)?;
+            }
+            if let Some(shm) = self.shm() {
+                return shm.all_to_all_v(send, send_counts, recv, recv_counts);
             }
             let size = std::mem::size_of::<T>();
             let sc: Vec<Count> =
@@ -461,17 +576,39 @@ mod imp {
                 Some(c) => Color::with_value(c as i32),
                 None => Color::undefined(),
             };
-            Ok(self.comm.split_by_color_with_key(c, key as i32).map(|comm| MpiComm {
+            let Some(comm) = self.comm.split_by_color_with_key(c, key as i32) else { return Ok(None) };
+            // the members' ranks on the host (= their world ranks: the node is the whole world)
+            let shm = match &self.shm {
+                Some(parent) => {
+                    let mut members = vec![0u64; comm.size() as usize];
+                    comm.all_gather_into(&(self.world_rank as u64), &mut members[..]);
+                    Some(Shm::new(parent.node(), members.into_iter().map(|m| m as usize).collect(), self.opts.timeout))
+                }
+                None => None,
+            };
+            Ok(Some(MpiComm {
                 comm,
                 world_rank: self.world_rank,
                 seq: Cell::new(0),
                 opts: self.opts,
                 scratch: RefCell::new(Vec::new()),
+                shm,
             }))
         }
     }
 
     impl MpiComm {
+        /// The shared-memory path, where it is on and every rank is on this host.
+        fn shm(&self) -> Option<&Shm> {
+            self.shm.as_ref()
+        }
+
+        /// Whether this communicator's collectives go through shared memory: the world's ranks all
+        /// share this host and `NX_MPI_SHM` was not `0` when the run began.
+        pub fn uses_shared_memory(&self) -> bool {
+            self.shm.is_some()
+        }
+
         /// The MPI library's own `MPI_Allreduce` (sum) of `f32`s, unchecked: the peer nx's
         /// benchmarks compare with.
         pub fn plain_all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) {

@@ -10,9 +10,15 @@ use nx_collectives::sim::{self, SimComm, SimOptions};
 use nx_collectives::{Communicator, ReduceOp};
 
 fn mpirun(n: usize, mode: &str, limit: Duration) -> (Output, Duration) {
+    mpirun_with(n, mode, limit, "1")
+}
+
+/// `shm`: the value of `NX_MPI_SHM` (`0`: MPI's own calls only).
+fn mpirun_with(n: usize, mode: &str, limit: Duration, shm: &str) -> (Output, Duration) {
     let start = Instant::now();
     let mut child = Command::new("mpirun")
-        .args(["--oversubscribe", "-n", &n.to_string(), env!("CARGO_BIN_EXE_nx-mpi-check"), mode])
+        .args(["--oversubscribe", "-x", "NX_MPI_SHM", "-n", &n.to_string(), env!("CARGO_BIN_EXE_nx-mpi-check"), mode])
+        .env("NX_MPI_SHM", shm)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .stdout(Stdio::piped())
@@ -39,15 +45,19 @@ fn mpirun(n: usize, mode: &str, limit: Duration) -> (Output, Duration) {
 
 #[test]
 fn conformance_on_2_3_and_4_ranks() {
-    for n in [2, 3, 4] {
-        let (out, _) = mpirun(n, "conformance", Duration::from_secs(120));
-        assert!(
-            out.status.success(),
-            "mpirun -n {n}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("conformance passed on {n} ranks")));
+    // through the shared window (every rank is on this host), then through MPI's own calls
+    for (shm, path) in [("1", "shared memory"), ("0", "MPI calls")] {
+        for n in [2, 3, 4] {
+            let (out, _) = mpirun_with(n, "conformance", Duration::from_secs(120), shm);
+            assert!(
+                out.status.success(),
+                "mpirun -n {n}: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains(&format!("conformance passed on {n} ranks through {path}")), "{text}");
+        }
     }
 }
 
@@ -66,6 +76,15 @@ fn a_skipped_collective_times_out_naming_the_rank() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("waited") && err.contains("for ranks [1], which did not arrive"), "{err}");
+    assert!(took < Duration::from_secs(30), "stopped well within the limit: {took:?}");
+}
+
+#[test]
+fn a_skipped_collective_times_out_on_the_shared_memory_path_unchecked() {
+    let (out, took) = mpirun(3, "skip-unchecked", Duration::from_secs(60));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("barrier on rank") && err.contains("for ranks [1], which did not arrive"), "{err}");
     assert!(took < Duration::from_secs(30), "stopped well within the limit: {took:?}");
 }
 

@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use nx::collectives::sim::{self, SimComm, SimOptions};
 use nx::collectives::{Communicator, ReduceOp};
-use rayon::prelude::*;
 use serde::Serialize;
 
 /// Arguments of `nx bench collectives`.
@@ -48,18 +47,13 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// Bytes read plus bytes written per second by a copy of 256 MiB on all cores.
+/// Bytes read plus bytes written per second by a copy of 256 MiB on all cores (the faster of
+/// `memcpy` and streaming stores), the median of 5.
 fn copy_bandwidth() -> f64 {
     let n = 64 << 20;
     let src = vec![1f32; n];
     let mut dst = vec![0f32; n];
-    let runs: Vec<f64> = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
-            (2 * n * 4) as f64 / t.elapsed().as_secs_f64()
-        })
-        .collect();
+    let runs: Vec<f64> = (0..5).map(|_| crate::bench::copy_limit(&src, &mut dst, &|| 0.0)).collect();
     median(runs)
 }
 
@@ -69,68 +63,84 @@ type Times = Vec<(usize, usize, f64)>;
 /// A plain collective of op `k` on (send, recv).
 type Plain<'a> = &'a dyn Fn(usize, &[f32], &mut [f32]);
 
-/// Times every op at every size on `c` between barriers. `plain`, where given, runs the MPI
-/// library's own collective of that op instead.
+/// Times every op at every size on `c` between barriers; where `plain` is given, each timed run
+/// of nx's collective is followed by one of the MPI library's own on the same buffers
+/// (interleaved, so that both see the same machine). Answers nx's times and plain's.
 fn time_ops<C: Communicator>(
     c: &C,
     sizes: &[usize],
     reps: usize,
     plain: Option<Plain<'_>>,
-) -> nx::collectives::Result<Times> {
+) -> nx::collectives::Result<(Times, Times)> {
     let (n, r) = (c.size(), c.rank());
     let max_elems = sizes.last().copied().unwrap_or(0) / 4;
     let send: Vec<f32> = (0..max_elems).map(|i| (i % 97) as f32 + r as f32).collect();
     let mut recv = vec![0f32; max_elems];
-    let mut out = Vec::new();
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for (si, &bytes) in sizes.iter().enumerate() {
         let elems = bytes / 4;
         let per = elems / n;
         for op in 0..4 {
-            let mut ts = Vec::new();
+            let (mut ts, mut ps) = (Vec::new(), Vec::new());
             for rep in 0..=reps {
-                c.barrier()?;
-                let t = Instant::now();
                 let (s, rv): (&[f32], &mut [f32]) = match op {
                     0 => (&send[..elems], &mut recv[..elems]),
                     1 => (&send[..per], &mut recv[..per * n]),
                     2 => (&send[..per * n], &mut recv[..per]),
                     _ => (&send[..per * n], &mut recv[..per * n]),
                 };
-                match (plain, op) {
-                    (Some(p), _) => p(op, s, rv),
-                    (None, 0) => c.all_reduce(s, rv, ReduceOp::Sum)?,
-                    (None, 1) => c.all_gather(s, rv)?,
-                    (None, 2) => c.reduce_scatter(s, rv, ReduceOp::Sum)?,
-                    (None, _) => c.all_to_all(s, rv)?,
+                c.barrier()?;
+                let t = Instant::now();
+                match op {
+                    0 => c.all_reduce(s, rv, ReduceOp::Sum)?,
+                    1 => c.all_gather(s, rv)?,
+                    2 => c.reduce_scatter(s, rv, ReduceOp::Sum)?,
+                    _ => c.all_to_all(s, rv)?,
                 }
                 c.barrier()?;
+                let took = t.elapsed().as_secs_f64();
+                if let Some(p) = plain {
+                    c.barrier()?;
+                    let t = Instant::now();
+                    p(op, s, rv);
+                    c.barrier()?;
+                    if rep > 0 {
+                        ps.push(t.elapsed().as_secs_f64());
+                    }
+                }
                 if rep > 0 {
-                    ts.push(t.elapsed().as_secs_f64());
+                    ts.push(took);
                 }
             }
-            out.push((si, op, median(ts)));
+            ours.push((si, op, median(ts)));
+            if !ps.is_empty() {
+                theirs.push((si, op, median(ps)));
+            }
         }
     }
-    Ok(out)
+    Ok((ours, theirs))
 }
 
-/// (rank, size, nx's times, plain MPI's times) of this MPI rank.
-type MpiTimes = (usize, usize, Times, Times);
+/// (rank, size, copy bandwidth, nx's times, plain MPI's times) of this MPI rank.
+type MpiTimes = (usize, usize, f64, Times, Times);
 
 #[cfg(feature = "mpi")]
 fn mpi_times(sizes: &[usize], reps: usize) -> Result<MpiTimes, Error> {
     use nx::collectives::mpi::{self, MpiComm, MpiOptions};
     let opts = MpiOptions { checked: false, timeout: Duration::from_secs(600) };
     Ok(mpi::run(opts, |c: MpiComm| -> nx::collectives::Result<MpiTimes> {
-        let ours = time_ops(&c, sizes, reps, None)?;
+        // one process copies on all cores while the others wait (they share the memory)
+        c.barrier()?;
+        let bw = if c.rank() == 0 { copy_bandwidth() } else { 0.0 };
+        c.barrier()?;
         let plain = |op: usize, s: &[f32], r: &mut [f32]| match op {
             0 => c.plain_all_reduce_sum(s, r),
             1 => c.plain_all_gather(s, r),
             2 => c.plain_reduce_scatter_sum(s, r),
             _ => c.plain_all_to_all(s, r),
         };
-        let theirs = time_ops(&c, sizes, reps, Some(&plain))?;
-        Ok((c.rank(), c.size(), ours, theirs))
+        let (ours, theirs) = time_ops(&c, sizes, reps, Some(&plain))?;
+        Ok((c.rank(), c.size(), bw, ours, theirs))
     })?)
 }
 
@@ -144,19 +154,19 @@ pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
     let sizes: Vec<usize> =
         std::iter::successors(Some(4096usize), |&s| Some(s * 4)).take_while(|&s| s <= a.max_bytes).collect();
     let reps = a.repeats.max(1);
-    let bw = copy_bandwidth();
-    let (backend, n, times, plain): (&'static str, usize, Times, Option<Times>) = match a.backend.as_str() {
+    let (backend, n, bw, times, plain): (&'static str, usize, f64, Times, Option<Times>) = match a.backend.as_str() {
         "sim" => {
+            let bw = copy_bandwidth();
             let opts = SimOptions { checked: false, timeout: Duration::from_secs(600) };
             let t = sim::run(a.ranks, opts, |c: SimComm| time_ops(&c, &sizes, reps, None))?;
-            ("sim", a.ranks, t[0].clone(), None)
+            ("sim", a.ranks, bw, t[0].0.clone(), None)
         }
         "mpi" => {
-            let (rank, n, ours, theirs) = mpi_times(&sizes, reps)?;
+            let (rank, n, bw, ours, theirs) = mpi_times(&sizes, reps)?;
             if rank != 0 {
                 return Ok(String::new());
             }
-            ("mpi", n, ours, Some(theirs))
+            ("mpi", n, bw, ours, Some(theirs))
         }
         other => return Err(format!("nx bench collectives: unknown backend {other:?} (sim, mpi)").into()),
     };
@@ -207,14 +217,15 @@ pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
         "collectives on the {backend} backend, {n} ranks; copy bandwidth {:.1} GB/s (read + written); medians of {reps} runs\n",
         bw / 1e9
     );
-    let extra = if plain.is_some() { format!(" {:>14}", "plain MPI(us)") } else { String::new() };
+    let extra = if plain.is_some() { format!(" {:>14} {:>9}", "plain MPI(us)", "vs plain") } else { String::new() };
     for (k, name) in names.iter().enumerate() {
         text.push_str(&format!(
             "\n# {name}\n{:>12} {:>12} {:>10} {:>10} {:>12} {:>7}{extra}\n",
             "size(B)", "time(us)", "algbw", "busbw", "floor(us)", "ratio"
         ));
         for (r, &(si, _, _)) in rows.iter().zip(&times).filter(|(r, _)| r.op == *name) {
-            let p = plain_of(si, k).map_or(String::new(), |p| format!(" {:>14.1}", p * 1e6));
+            // vs plain: plain MPI's time over nx's (above 1: nx is faster)
+            let p = plain_of(si, k).map_or(String::new(), |p| format!(" {:>14.1} {:>9.2}", p * 1e6, p / r.seconds));
             text.push_str(&format!(
                 "{:>12} {:>12.1} {:>10.2} {:>10.2} {:>12.1} {:>7.2}{p}\n",
                 r.bytes,

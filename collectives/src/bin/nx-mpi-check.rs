@@ -3,8 +3,10 @@
 //! and the job aborted.
 //!
 //! Modes: `conformance` (the suite, every collective and `place`), `mismatch` (the last rank calls
-//! another collective), `skip` (rank 1 skips a barrier; a 3 s timeout), `checksum` (prints rank 0's
-//! bits of an all-reduce, to compare with the simulated backend's).
+//! another collective), `skip` (rank 1 skips a barrier; a 3 s timeout), `skip-unchecked` (the same
+//! in unchecked mode, after a first barrier: the shared-memory path's own watchdog), `checksum`
+//! (prints rank 0's bits of an all-reduce, to compare with the simulated backend's).
+//! `NX_MPI_SHM=0` keeps every collective on MPI's own calls.
 
 use std::time::Duration;
 
@@ -13,13 +15,16 @@ use nx_collectives::{conformance, Communicator, ReduceOp};
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "conformance".into());
-    let opts = MpiOptions { checked: true, timeout: Duration::from_secs(if mode == "skip" { 3 } else { 60 }) };
+    let skip = mode.starts_with("skip");
+    let opts =
+        MpiOptions { checked: mode != "skip-unchecked", timeout: Duration::from_secs(if skip { 3 } else { 60 }) };
     let out = mpi::run(opts, |c| -> nx_collectives::Result<()> {
         match mode.as_str() {
             "conformance" => {
                 conformance::suite(&c)?;
+                let shm = if c.uses_shared_memory() { "shared memory" } else { "MPI calls" };
                 if c.rank() == 0 {
-                    println!("conformance passed on {} ranks", c.size());
+                    println!("conformance passed on {} ranks through {shm}", c.size());
                 }
             }
             "mismatch" => {
@@ -31,7 +36,8 @@ fn main() {
                     c.all_reduce(&[0f32; 16], &mut out, ReduceOp::Sum)?;
                 }
             }
-            "skip" => {
+            "skip" | "skip-unchecked" => {
+                c.barrier()?;
                 if c.rank() != 1 {
                     c.barrier()?;
                 } else {
