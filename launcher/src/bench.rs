@@ -132,6 +132,19 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let done = nx::kernels::Answer::Done;
     let mut cases: Vec<Case<'_>> = vec![
         (
+            // a peer for the sums: what a plain parallel Rust loop reads per second here
+            "sum, plain Rust loop (peer)".into(),
+            n * 4,
+            Box::new(|| {
+                let lanes = |c: &[f32]| {
+                    let mut l = [0f32; 8];
+                    c.chunks_exact(8).for_each(|v| (0..8).for_each(|k| l[k] += v[k]));
+                    l.iter().sum::<f32>()
+                };
+                std::hint::black_box(src.par_chunks(1 << 16).map(lanes).sum::<f32>());
+            }),
+        ),
+        (
             "sum (all elements)".into(),
             n * 4,
             Box::new(|| assert_eq!(host.reduce(&ident, &[n], &[0], &[Reduction::Sum], &[&all], &[&x]), done)),
