@@ -223,3 +223,27 @@ fn many_threads_claim_without_deadlock() {
     assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap());
     let _ = (&a as &dyn Operand).dtype();
 }
+
+#[test]
+fn slices_in_place_hold_their_claims() {
+    let a = f32s(&[1.0, 2.0, 3.0, 4.0]);
+    // a view with an offset reads from its own first element
+    let tail = a.apply(&Move::Slice { axis: 0, start: Some(1), stop: None, step: 1 }).unwrap().unwrap();
+    assert_eq!(tail.with_slice(|s| s.to_vec()).unwrap(), [2.0, 3.0, 4.0]);
+    a.with_slice_mut(|s| s[0] = 10.0).unwrap();
+    assert_eq!(a.to_vec().unwrap(), [10.0, 2.0, 3.0, 4.0]);
+    // readers admit readers, not writers; a writer admits nobody
+    let inner = a.with_slice(|_| (a.to_vec(), a.with_slice_mut(|_| ()))).unwrap();
+    assert_eq!(inner.0.unwrap(), [10.0, 2.0, 3.0, 4.0]);
+    let (ans, msg) = answer(inner.1.unwrap_err());
+    assert_eq!(ans, Answer::HeldExclusive);
+    assert!(msg.starts_with("nx_kernels::Array::with_slice_mut:"), "{msg}");
+    let (ans, _) = answer(a.with_slice_mut(|_| a.with_slice(|_| ())).unwrap().unwrap_err());
+    assert_eq!(ans, Answer::HeldExclusive);
+    // not C-contiguous: refused, naming the layout
+    let every_other = a.apply(&Move::Slice { axis: 0, start: None, stop: None, step: 2 }).unwrap().unwrap();
+    let e = every_other.with_slice(|_| ()).unwrap_err();
+    assert!(e.to_string().starts_with("nx_kernels::Array::with_slice: the layout"), "{e}");
+    a.buffer().free().unwrap();
+    assert_eq!(answer(a.with_slice(|_| ()).unwrap_err()).0, Answer::DeadBuffer);
+}

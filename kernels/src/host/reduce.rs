@@ -387,6 +387,27 @@ fn chunk_any(r: Reduction, src: Src<'_>, base: i64) -> AnyPartial {
     }
 }
 
+/// The partials of `r` over each run of [`CHUNK`] terms of `src` (the last may be shorter),
+/// appended to `out`; `base` is the first term's position. One dispatch on the type for the runs.
+fn chunks_any(r: Reduction, src: Src<'_>, base: i64, out: &mut Vec<AnyPartial>) {
+    macro_rules! go {
+        ($v:ident, $xs:expr) => {
+            out.extend(
+                $xs.chunks(CHUNK).enumerate().map(|(k, c)| AnyPartial::$v(chunk(r, c, base + (k * CHUNK) as i64))),
+            )
+        };
+    }
+    match src {
+        Src::B(v) => go!(B, v),
+        Src::I(v) => go!(I, v),
+        Src::U(v) => go!(U, v),
+        Src::F(v) => go!(F, v),
+        Src::D(v) => go!(D, v),
+        Src::C(v) => go!(C, v),
+        Src::Z(v) => go!(Z, v),
+    }
+}
+
 fn finish_any(r: Reduction, ty: Ty, ps: impl Iterator<Item = AnyPartial>) -> (Value, Option<Value>) {
     macro_rules! go {
         ($v:ident, $t:ty) => {{
@@ -476,10 +497,21 @@ impl Job<'_> {
         let end = (j1 * CHUNK).min(self.terms);
         // SAFETY: the caller's contract.
         unsafe { self.bound.eval(o * self.terms + start, end - start, regs) };
-        let block = (o * self.terms + start, end - start);
-        for j in j0..j1 {
-            let lo = j * CHUNK;
-            self.partials(regs, block, lo - start, CHUNK.min(self.terms - lo), lo, out);
+        let n = self.reductions.len();
+        if n == 1 {
+            let src = self.bound.output(regs, 0, o * self.terms + start, end - start);
+            chunks_any(self.reductions[0], src, start as i64, out);
+            return;
+        }
+        // chunk-major: every reduction's partial of chunk j0, then of j0 + 1, …
+        let mut per: Vec<Vec<AnyPartial>> = Vec::with_capacity(n);
+        for (i, &r) in self.reductions.iter().enumerate() {
+            let mut v = Vec::with_capacity(j1 - j0);
+            chunks_any(r, self.bound.output(regs, i, o * self.terms + start, end - start), start as i64, &mut v);
+            per.push(v);
+        }
+        for k in 0..j1 - j0 {
+            out.extend(per.iter().map(|v| v[k]));
         }
     }
 }
@@ -577,22 +609,21 @@ pub(crate) fn reduce(
                     },
                 );
             } else {
+                // every group's partials into its own slots of one vector: an indexed loop, as
+                // even as a plain parallel loop over the terms
+                let n = reductions.len();
+                let mut ps = vec![AnyPartial::B(Partial::Sum(false)); chunks * n];
                 for o in 0..outputs {
-                    let ps: Vec<AnyPartial> = (0..groups)
-                        .into_par_iter()
-                        .with_min_len(32)
-                        .map_init(
-                            || bound.registers(CHUNK * GROUP),
-                            // SAFETY: the door holds the claims; chunks only read.
-                            |regs, g| unsafe {
-                                let (j0, j1) = span(g);
-                                let mut out = Vec::with_capacity((j1 - j0) * reductions.len());
-                                job.chunks(regs, o, j0, j1, &mut out);
-                                out
-                            },
-                        )
-                        .flatten_iter()
-                        .collect();
+                    ps.par_chunks_mut(GROUP * n).with_min_len(8).enumerate().for_each_init(
+                        || (bound.registers(CHUNK * GROUP), Vec::with_capacity(GROUP * n)),
+                        // SAFETY: the door holds the claims; chunks only read.
+                        |(regs, out), (g, slots)| unsafe {
+                            let (j0, j1) = span(g);
+                            out.clear();
+                            job.chunks(regs, o, j0, j1, out);
+                            slots.copy_from_slice(out);
+                        },
+                    );
                     // SAFETY: as above; output o is written once.
                     unsafe { job.write(o, &ps) };
                 }
