@@ -167,7 +167,9 @@ mod imp {
         // prepared before the barrier; at most MAX_RANKS (checked).
         let mut shared = unsafe { Node::new(bases, me, keep) };
         // one kernel copy straight from the peers' buffers where every rank may read every peer
-        let (mine, mut all) = (i32::from(shared.can_read_peers()), 0i32);
+        // (and `NX_MPI_CMA` is not `0`)
+        let allowed = !std::env::var("NX_MPI_CMA").is_ok_and(|v| v == "0");
+        let (mine, mut all) = (i32::from(allowed && shared.can_read_peers()), 0i32);
         comm.all_reduce_into(&mine, &mut all, mpi::collective::SystemOperation::min());
         if all == 1 {
             shared.go_direct();
@@ -607,6 +609,17 @@ mod imp {
         /// share this host and `NX_MPI_SHM` was not `0` when the run began.
         pub fn uses_shared_memory(&self) -> bool {
             self.shm.is_some()
+        }
+
+        /// How this communicator's collectives move data: `"cross-memory attach"` (one kernel copy
+        /// between the ranks' buffers), `"shared window"` (through the window's halves: the kernel
+        /// refused cross-memory attach, or `NX_MPI_CMA` was `0`), or `"MPI calls"`.
+        pub fn data_path(&self) -> &'static str {
+            match &self.shm {
+                Some(s) if s.node().is_direct() => "cross-memory attach",
+                Some(_) => "shared window",
+                None => "MPI calls",
+            }
         }
 
         /// The MPI library's own `MPI_Allreduce` (sum) of `f32`s, unchecked: the peer nx's

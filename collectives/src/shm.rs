@@ -49,11 +49,13 @@ pub(crate) const HALF: usize = 1 << 20;
 /// Bytes of a rank's whole segment.
 pub(crate) const SEGMENT: usize = CTRL + 2 * HALF;
 
-/// Byte offsets inside the control pages: the world rank and process id, the number slot, the
+/// Byte offsets inside the control pages: the world rank, process id and the segment's address in
+/// its owner's process (mappings differ between processes), the number slot, the
 /// published addresses (each on its own cache line), the counters (one `u64` per rank of the
 /// host), and on the second page the published offsets (one `u64` per member).
 const AT_WORLD: usize = 0;
 const AT_PID: usize = 8;
+const AT_SELF: usize = 16;
 const AT_SLOT: usize = 64;
 const AT_ADDR: usize = 128;
 const AT_COUNTERS: usize = 256;
@@ -187,6 +189,7 @@ impl Node {
             std::ptr::write_bytes(base, 0, CTRL);
             (base.add(AT_WORLD) as *mut u64).write(world_rank as u64);
             (base.add(AT_PID) as *mut u64).write(u64::from(std::process::id()));
+            (base.add(AT_SELF) as *mut u64).write(base as u64);
         }
     }
 
@@ -210,12 +213,14 @@ impl Node {
 
     /// Whether this process may read every peer's memory by cross-memory attach (the kernel
     /// allows it to the same user where ptrace would be allowed): it reads each peer's world rank
-    /// that way and compares.
+    /// that way, at the address the peer's own process sees its segment at, and compares.
     pub(crate) fn can_read_peers(&self) -> bool {
         self.bases.iter().zip(&self.pids).zip(&self.world).all(|((&b, &pid), &w)| {
-            let mut got = 0u64;
+            // SAFETY: a prepared control page holds the owner's address of its segment.
+            let theirs = unsafe { ((b + AT_SELF) as *const u64).read_volatile() } as usize;
+            let mut got = u64::MAX;
             // SAFETY: `got` is 8 writable bytes of this frame.
-            let ok = unsafe { read_process(pid, b + AT_WORLD, (&mut got as *mut u64).cast(), 8) };
+            let ok = unsafe { read_process(pid, theirs + AT_WORLD, (&mut got as *mut u64).cast(), 8) };
             ok.is_ok() && got == w as u64
         })
     }
@@ -223,6 +228,11 @@ impl Node {
     /// Moves data by cross-memory attach from now on; every rank decides alike (they agree first).
     pub(crate) fn go_direct(&mut self) {
         self.direct = true;
+    }
+
+    /// Whether data moves by cross-memory attach (else through the halves).
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct
     }
 
     /// Host rank `q`'s counter of syncs begun with host rank `p`.

@@ -6,7 +6,8 @@
 //! another collective), `skip` (rank 1 skips a barrier; a 3 s timeout), `skip-unchecked` (the same
 //! in unchecked mode, after a first barrier: the shared-memory path's own watchdog), `checksum`
 //! (prints rank 0's bits of an all-reduce, to compare with the simulated backend's).
-//! `NX_MPI_SHM=0` keeps every collective on MPI's own calls.
+//! `NX_MPI_SHM=0` keeps every collective on MPI's own calls; `NX_MPI_CMA=0` keeps the shared
+//! path on the window's halves.
 
 use std::time::Duration;
 
@@ -22,9 +23,8 @@ fn main() {
         match mode.as_str() {
             "conformance" => {
                 conformance::suite(&c)?;
-                let shm = if c.uses_shared_memory() { "shared memory" } else { "MPI calls" };
                 if c.rank() == 0 {
-                    println!("conformance passed on {} ranks through {shm}", c.size());
+                    println!("conformance passed on {} ranks through {}", c.size(), c.data_path());
                 }
             }
             "mismatch" => {
