@@ -109,11 +109,11 @@ impl Communicator for Comm {
         delegate!(self, c => c.recv(b, from))
     }
     #[track_caller]
-    fn split(&self, color: Option<usize>, key: usize) -> nx_collectives::Result<Option<Comm>> {
+    fn split_over(&self, color: Option<usize>, key: usize, axes: &[String]) -> nx_collectives::Result<Option<Comm>> {
         Ok(match self {
-            Comm::Sim(c) => c.split(color, key)?.map(Comm::Sim),
+            Comm::Sim(c) => c.split_over(color, key, axes)?.map(Comm::Sim),
             #[cfg(feature = "mpi")]
-            Comm::Mpi(c) => c.split(color, key)?.map(Comm::Mpi),
+            Comm::Mpi(c) => c.split_over(color, key, axes)?.map(Comm::Mpi),
         })
     }
 }

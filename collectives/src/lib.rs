@@ -12,8 +12,9 @@
 //! in `f32` and round once.
 //!
 //! **Checked mode.** Before each collective the ranks of the group agree on a [`Fingerprint`]
-//! (sequence number, op, dtype, counts, call site); a mismatch is an [`Error::Mismatch`] on every
-//! rank naming both sides, not a hang. A collective that waits past the timeout ends in
+//! (sequence number, op, dtype, counts, the mesh axes of the group — named by
+//! [`Communicator::split_over`], as the plan executor does — and the call site); a mismatch is an
+//! [`Error::Mismatch`] on every rank naming both sides, not a hang. A collective that waits past the timeout ends in
 //! [`Error::Timeout`] naming the ranks that did not arrive. Lengths, counts and dtypes are checked
 //! before any byte moves, checked mode or not.
 
@@ -47,6 +48,8 @@ pub struct Fingerprint {
     pub dtype: Option<Dtype>,
     /// The counts the op was given (a length, or counts per rank).
     pub counts: Vec<usize>,
+    /// The mesh axes the communicator's group spans (empty: not a mesh-axis group).
+    pub axes: Vec<String>,
     /// The caller's source location.
     pub site: &'static Location<'static>,
 }
@@ -56,20 +59,30 @@ impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let file = self.site.file().rsplit(['/', '\\']).next().unwrap_or(self.site.file());
         match self.dtype {
-            Some(d) => write!(f, "{}({d}, {:?}) at {file}:{}", self.op, self.counts, self.site.line()),
-            None => write!(f, "{}() at {file}:{}", self.op, self.site.line()),
+            Some(d) => write!(f, "{}({d}, {:?})", self.op, self.counts)?,
+            None => write!(f, "{}()", self.op)?,
         }
+        if !self.axes.is_empty() {
+            write!(f, " over mesh axes {}", self.axes.join(","))?;
+        }
+        write!(f, " at {file}:{}", self.site.line())
     }
 }
 
 impl Fingerprint {
-    /// The next fingerprint of a communicator whose sequence counter is `seq`, for a call of `op`
-    /// from the caller's caller.
+    /// The next fingerprint of a communicator whose sequence counter is `seq` and whose group
+    /// spans mesh axes `axes`, for a call of `op` from the caller's caller.
     #[track_caller]
-    pub fn next(seq: &Cell<u64>, op: &'static str, dtype: Option<Dtype>, counts: Vec<usize>) -> Fingerprint {
+    pub fn next(
+        seq: &Cell<u64>,
+        axes: &[String],
+        op: &'static str,
+        dtype: Option<Dtype>,
+        counts: Vec<usize>,
+    ) -> Fingerprint {
         let n = seq.get();
         seq.set(n + 1);
-        Fingerprint { seq: n, op, dtype, counts, site: Location::caller() }
+        Fingerprint { seq: n, op, dtype, counts, axes: axes.to_vec(), site: Location::caller() }
     }
 
     /// Whether two ranks' calls agree: in checked mode everything, otherwise the op, the dtype and
@@ -77,7 +90,7 @@ impl Fingerprint {
     pub fn agrees(&self, other: &Fingerprint, checked: bool) -> bool {
         let shape = self.op == other.op && self.dtype == other.dtype && self.counts == other.counts;
         if checked {
-            shape && self.seq == other.seq && self.site == other.site
+            shape && self.seq == other.seq && self.axes == other.axes && self.site == other.site
         } else {
             shape
         }
@@ -87,7 +100,7 @@ impl Fingerprint {
 /// Settings of a communicator, passed explicitly (no global switch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
-    /// Agree on full fingerprints (sequence, op, dtype, counts, call site) before each
+    /// Agree on full fingerprints (sequence, op, dtype, counts, mesh axes, call site) before each
     /// collective; op, dtype and counts are always checked.
     pub checked: bool,
     /// How long a collective waits for its peers before failing.
@@ -249,12 +262,23 @@ pub trait Communicator: Sized {
     fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()>;
 
     /// The sub-communicator of the ranks that give the same `color`, numbered by `key` (ties by
-    /// rank); `None` for a rank giving no color. Collective over this communicator.
+    /// rank); `None` for a rank giving no color. Collective over this communicator. The
+    /// sub-communicator's group spans the mesh axes `axes` (named in its fingerprints, so that
+    /// two ranks that meet over different axes are a mismatch in checked mode; empty: none).
     ///
     /// # Errors
     /// As [`Communicator::barrier`].
     #[track_caller]
-    fn split(&self, color: Option<usize>, key: usize) -> Result<Option<Self>>;
+    fn split_over(&self, color: Option<usize>, key: usize, axes: &[String]) -> Result<Option<Self>>;
+
+    /// [`Communicator::split_over`] naming no mesh axes.
+    ///
+    /// # Errors
+    /// As [`Communicator::barrier`].
+    #[track_caller]
+    fn split(&self, color: Option<usize>, key: usize) -> Result<Option<Self>> {
+        self.split_over(color, key, &[])
+    }
 
     /// [`Communicator::all_gather_v`] with equal counts.
     ///

@@ -91,6 +91,8 @@ mod imp {
         /// The shared-memory path: this communicator's view of the segments of the host's ranks
         /// (`None`: they are not all on one host, or shared memory is off).
         shm: Option<Shm>,
+        /// The mesh axes the group spans (for fingerprints).
+        axes: Vec<String>,
     }
 
     /// An MPI-3 shared window (`MPI_Win_allocate_shared`) over the ranks of the world, which all
@@ -201,7 +203,15 @@ mod imp {
         // below would wait for the ranks that skip it
         let node = if std::env::var("NX_MPI_SHM").is_ok_and(|v| v == "0") { None } else { make_node(&comm) };
         let shm = node.as_ref().map(|n| Shm::new(n.clone(), (0..comm.size() as usize).collect(), opts.timeout));
-        let comm = MpiComm { comm, world_rank: rank, seq: Cell::new(0), opts, scratch: RefCell::new(Vec::new()), shm };
+        let comm = MpiComm {
+            comm,
+            world_rank: rank,
+            seq: Cell::new(0),
+            opts,
+            scratch: RefCell::new(Vec::new()),
+            shm,
+            axes: Vec::new(),
+        };
         let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
         let why = match out {
             Ok(Ok(v)) => return Ok(v),
@@ -269,7 +279,7 @@ mod imp {
     impl MpiComm {
         #[track_caller]
         fn fingerprint(&self, op: &'static str, dtype: Option<nx_kernels::Dtype>, counts: Vec<usize>) -> Fingerprint {
-            Fingerprint::next(&self.seq, op, dtype, counts)
+            Fingerprint::next(&self.seq, &self.axes, op, dtype, counts)
         }
 
         /// Sends this rank's record to each of `peers` and receives theirs, against the deadline.
@@ -571,7 +581,7 @@ mod imp {
         }
 
         #[track_caller]
-        fn split(&self, color: Option<usize>, key: usize) -> Result<Option<MpiComm>> {
+        fn split_over(&self, color: Option<usize>, key: usize, axes: &[String]) -> Result<Option<MpiComm>> {
             let fp = self.fingerprint("split", None, Vec::new());
             self.agree(&fp, &[], None)?;
             let c = match color {
@@ -595,6 +605,7 @@ mod imp {
                 opts: self.opts,
                 scratch: RefCell::new(Vec::new()),
                 shm,
+                axes: axes.to_vec(),
             }))
         }
     }

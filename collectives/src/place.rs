@@ -98,7 +98,7 @@ pub fn place<T: Reducible, C: Communicator>(comm: &C, plan: &Plan, local: Option
     let (mut data, mut win) = (local, old);
     for (k, step) in plan.steps.iter().enumerate() {
         let (c, key) = color(&step.groups, me);
-        let group = comm.split(c, key)?;
+        let group = comm.split_over(c, key, &step.mesh_axes)?;
         match step.op {
             Op::AllReduce => {
                 if let (Some(g), Some(d)) = (&group, &data) {

@@ -93,6 +93,8 @@ pub struct SimComm {
     members: Arc<[usize]>,
     rank: usize,
     seq: Cell<u64>,
+    /// The mesh axes the group spans (for fingerprints).
+    axes: Vec<String>,
 }
 
 fn group(members: Vec<usize>) -> Group {
@@ -128,6 +130,7 @@ where
                     members: members.clone(),
                     rank: r,
                     seq: Cell::new(0),
+                    axes: Vec::new(),
                 };
                 let (world, body) = (world.clone(), &body);
                 std::thread::Builder::new()
@@ -172,7 +175,7 @@ impl SimComm {
 
     #[track_caller]
     fn fingerprint(&self, op: &'static str, dtype: Option<nx_kernels::Dtype>, counts: Vec<usize>) -> Fingerprint {
-        Fingerprint::next(&self.seq, op, dtype, counts)
+        Fingerprint::next(&self.seq, &self.axes, op, dtype, counts)
     }
 
     /// Posts `slot` and waits for every member; answers every member's slot.
@@ -478,7 +481,7 @@ impl Communicator for SimComm {
     }
 
     #[track_caller]
-    fn split(&self, color: Option<usize>, key: usize) -> Result<Option<SimComm>> {
+    fn split_over(&self, color: Option<usize>, key: usize, axes: &[String]) -> Result<Option<SimComm>> {
         let seq = self.seq.get();
         let fp = self.fingerprint("split", None, Vec::new());
         let c = color.unwrap_or(usize::MAX);
@@ -492,7 +495,14 @@ impl Communicator for SimComm {
             let mut gkey = self.key.clone();
             gkey.extend([seq, c as u64]);
             self.world.lock().groups.entry(gkey.clone()).or_insert_with(|| group(members.clone()));
-            SimComm { world: self.world.clone(), key: gkey, members: members.into(), rank, seq: Cell::new(0) }
+            SimComm {
+                world: self.world.clone(),
+                key: gkey,
+                members: members.into(),
+                rank,
+                seq: Cell::new(0),
+                axes: axes.to_vec(),
+            }
         });
         self.close()?;
         Ok(out)

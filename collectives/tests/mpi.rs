@@ -89,6 +89,15 @@ fn a_mismatch_names_both_ranks_and_stops_the_job() {
 }
 
 #[test]
+fn ranks_that_take_a_group_for_different_mesh_axes_are_a_mismatch() {
+    let (out, _) = mpirun(3, "axes", Duration::from_secs(60));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("called all_reduce_sum(f32, [4]) over mesh axes x at nx-mpi-check.rs:"), "{err}");
+    assert!(err.contains("called all_reduce_sum(f32, [4]) over mesh axes y at nx-mpi-check.rs:"), "{err}");
+}
+
+#[test]
 fn a_skipped_collective_times_out_naming_the_rank() {
     let (out, took) = mpirun(3, "skip", Duration::from_secs(60));
     assert!(!out.status.success());

@@ -47,6 +47,17 @@ fn a_mismatch_is_an_error_naming_both_ranks() {
         e.to_string().contains("all_reduce_sum(f32, [4])") && e.to_string().contains("all_reduce_sum(f32, [5])"),
         "{e}"
     );
+    // the same call over a group each rank takes for another mesh axis
+    let e = sim::run(2, opts(), |c: SimComm| -> Result<()> {
+        let axes = [if c.rank() == 0 { "x" } else { "y" }.to_string()];
+        let g = c.split_over(Some(0), c.rank(), &axes)?.expect("a color");
+        let mut out = vec![0f32; 4];
+        g.all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum)
+    })
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("rank 0 called all_reduce_sum(f32, [4]) over mesh axes x at sim.rs:"), "{text}");
+    assert!(text.contains("rank 1 called all_reduce_sum(f32, [4]) over mesh axes y at sim.rs:"), "{text}");
 }
 
 #[test]
@@ -164,8 +175,8 @@ impl Communicator for Counting {
         self.note("recv");
         self.inner.recv(b, from)
     }
-    fn split(&self, color: Option<usize>, key: usize) -> Result<Option<Counting>> {
-        Ok(self.inner.split(color, key)?.map(|inner| Counting { inner, log: self.log.clone() }))
+    fn split_over(&self, color: Option<usize>, key: usize, axes: &[String]) -> Result<Option<Counting>> {
+        Ok(self.inner.split_over(color, key, axes)?.map(|inner| Counting { inner, log: self.log.clone() }))
     }
 }
 

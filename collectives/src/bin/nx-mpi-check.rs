@@ -3,9 +3,10 @@
 //! and the job aborted.
 //!
 //! Modes: `conformance` (the suite, every collective and `place`), `mismatch` (the last rank calls
-//! another collective), `skip` (rank 1 skips a barrier; a 3 s timeout), `skip-unchecked` (the same
-//! in unchecked mode, after a first barrier: the shared-memory path's own watchdog), `checksum`
-//! (prints rank 0's bits of an all-reduce, to compare with the simulated backend's).
+//! another collective), `axes` (two ranks meet in a group each takes for another mesh axis),
+//! `skip` (rank 1 skips a barrier; a 3 s timeout), `skip-unchecked` (the same in unchecked mode,
+//! after a first barrier: the shared-memory path's own watchdog), `checksum` (prints rank 0's bits
+//! of an all-reduce, to compare with the simulated backend's).
 //! `NX_MPI_SHM=0` keeps every collective on MPI's own calls; `NX_MPI_CMA=0` keeps the shared
 //! path on the window's halves.
 
@@ -34,6 +35,14 @@ fn main() {
                 } else {
                     let mut out = vec![0f32; 16];
                     c.all_reduce(&[0f32; 16], &mut out, ReduceOp::Sum)?;
+                }
+            }
+            "axes" => {
+                // ranks 0 and 1 meet in one group, each taking it for another mesh axis
+                let axes = [if c.rank() == 0 { "x" } else { "y" }.to_string()];
+                if let Some(g) = c.split_over((c.rank() < 2).then_some(0), c.rank(), &axes)? {
+                    let mut out = vec![0f32; 4];
+                    g.all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum)?;
                 }
             }
             "skip" | "skip-unchecked" => {
