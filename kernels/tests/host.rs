@@ -459,6 +459,9 @@ fn the_same_bits_with_1_2_and_8_threads() {
     let x = strided::<f32>(&[301, 1031], |k| val(k) * 1.0e3);
     let m = Array::<f32>::from_fn(DEV, &[257, 300], |i| val(i[0] * 300 + i[1])).unwrap();
     let w = Array::<f32>::from_fn(DEV, &[300, 513], |i| val(i[0] + i[1] * 7)).unwrap();
+    // a contracting axis past the product's cache blocks, and a batch
+    let long_a = Array::<f32>::from_fn(DEV, &[3, 65, 2100], |i| val(i[0] * 7 + i[1] * 2100 + i[2])).unwrap();
+    let long_b = Array::<f32>::from_fn(DEV, &[3, 2100, 67], |i| val(i[0] + i[1] * 67 + i[2] * 3)).unwrap();
     let mut runs = Vec::new();
     for threads in [1, 2, 8] {
         let host = Host::with_threads(threads).unwrap();
@@ -472,8 +475,10 @@ fn the_same_bits_with_1_2_and_8_threads() {
         assert_eq!(reduce1(&host, Reduction::Moments, &x, &[0, 1], &[&mean, &var]), Answer::Done);
         let mm = Array::<f32>::zeros(DEV, &[257, 513]).unwrap();
         assert_eq!(host.contract(&Contraction::matmul(0), &mm, &m, &w, None), Answer::Done);
+        let long = Array::<f32>::zeros(DEV, &[3, 65, 67]).unwrap();
+        assert_eq!(host.contract(&Contraction::matmul(1), &long, &long_a, &long_b, None), Answer::Done);
         let bits = |a: &Array<f32>| a.to_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        runs.push([bits(&all), bits(&rows), bits(&cols), bits(&mean), bits(&var), bits(&mm)]);
+        runs.push([bits(&all), bits(&rows), bits(&cols), bits(&mean), bits(&var), bits(&mm), bits(&long)]);
     }
     assert_eq!(runs[0], runs[1]);
     assert_eq!(runs[0], runs[2]);

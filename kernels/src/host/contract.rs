@@ -1,5 +1,5 @@
-//! The contraction kernel: operands permuted to (batch, free, contracting) views, `gemm` on fixed
-//! output tiles.
+//! The contraction kernel: operands permuted to (batch, free, contracting) views, `faer`'s matrix
+//! product per batch.
 
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
@@ -14,8 +14,6 @@ use crate::layout::{numel, Layout, Move};
 use crate::{Answer, Dtype, Element};
 
 /// Output tile edge: fixed, so the tiling (hence every bit) does not depend on the thread count.
-const TILE: usize = 512;
-
 /// An operand as a [B, rows, cols] view: base address and strides in elements.
 #[derive(Clone, Copy)]
 struct View {
@@ -54,45 +52,42 @@ struct Dims {
 ///
 /// # Safety
 /// The door's claims are held; the views address the operands' elements.
-unsafe fn tiled<T: 'static + Copy + Send + Sync>(d: &Dims, dst: Ptr, lhs: View, rhs: View, one: T) {
-    let (ti, tj) = (d.m.div_ceil(TILE), d.n.div_ceil(TILE));
+/// `dst[b] (+)= lhs[b] · rhs[b]` for every batch `b` (`add`: accumulate into what `dst` holds;
+/// else overwrite it), `dst` C-contiguous (b, m, n). One batch takes every thread of the pool;
+/// many batches spread over the pool, one thread each. faer's product blocks the contracting axis
+/// by cache sizes alone, so the bits do not depend on the thread count (checked with 1, 2 and 8).
+///
+/// # Safety
+/// The views address valid `T`s of live memory over their (b, m, k) and (b, k, n) extents; `dst`
+/// holds b·m·n of them that nothing else touches meanwhile.
+unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync>(
+    d: &Dims,
+    dst: Ptr,
+    lhs: View,
+    rhs: View,
+    add: bool,
+    one: T,
+) {
+    let threads = rayon::current_num_threads().max(1);
     let size = size_of::<T>() as isize;
-    (0..d.b * ti * tj).into_par_iter().for_each(|t| {
+    let one_batch = |bb: usize, par: faer::Par| {
         let (dst, lhs, rhs) = (dst, lhs, rhs);
-        let (bb, i, j) = (t / (ti * tj), (t / tj) % ti, t % tj);
-        let (i0, j0) = (i * TILE, j * TILE);
-        let (mt, nt) = (TILE.min(d.m - i0), TILE.min(d.n - j0));
-        let at = |v: View, x: isize, y: isize| {
-            v.base
-                .0
-                .wrapping_offset((v.offset + bb as isize * v.strides[0] + x * v.strides[1] + y * v.strides[2]) * size)
-        };
-        let out = dst.0.wrapping_offset(((bb * d.m * d.n + i0 * d.n + j0) as isize) * size);
-        // SAFETY: the caller's contract; this task writes its own tile of dst alone.
+        let at = |v: View| v.base.0.wrapping_offset((v.offset + bb as isize * v.strides[0]) * size).cast::<T>();
+        let out = dst.0.wrapping_offset((bb * d.m * d.n) as isize * size).cast::<T>();
+        // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
         unsafe {
-            gemm::gemm(
-                mt,
-                nt,
-                d.k,
-                out.cast::<T>(),
-                1,
-                d.n as isize,
-                true,
-                at(lhs, i0 as isize, 0).cast::<T>(),
-                lhs.strides[2],
-                lhs.strides[1],
-                at(rhs, 0, j0 as isize).cast::<T>(),
-                rhs.strides[2],
-                rhs.strides[1],
-                one,
-                one,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            )
+            let a = faer::MatRef::from_raw_parts(at(lhs), d.m, d.k, lhs.strides[1], lhs.strides[2]);
+            let b = faer::MatRef::from_raw_parts(at(rhs), d.k, d.n, rhs.strides[1], rhs.strides[2]);
+            let c = faer::MatMut::from_raw_parts_mut(out, d.m, d.n, d.n as isize, 1);
+            let accum = if add { faer::Accum::Add } else { faer::Accum::Replace };
+            faer::linalg::matmul::matmul(c, accum, a, b, one, par);
         }
-    });
+    };
+    if d.b >= threads {
+        (0..d.b).into_par_iter().for_each(|bb| one_batch(bb, faer::Par::Seq));
+    } else {
+        (0..d.b).for_each(|bb| one_batch(bb, faer::Par::rayon(threads)));
+    }
 }
 
 pub(crate) fn contract(
@@ -174,7 +169,7 @@ unsafe fn start<T: Element>(dst: &dyn Operand, init: Option<&dyn Operand>) {
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe fn native<T: Element>(
+unsafe fn native<T: Element + faer::traits::ComplexField>(
     dims: &Dims,
     dst: &dyn Operand,
     a: &dyn Operand,
@@ -186,9 +181,13 @@ unsafe fn native<T: Element>(
 ) {
     // SAFETY: the caller's contract throughout.
     unsafe {
-        start::<T>(dst, init);
         if dims.k == 0 || dims.m == 0 || dims.n == 0 || dims.b == 0 {
+            start::<T>(dst, init);
             return;
+        }
+        // with an init, the product adds to it; without, it overwrites the destination
+        if init.is_some() {
+            start::<T>(dst, init);
         }
         let mut keep: Vec<Vec<T>> = Vec::new();
         let mut view = |o: &dyn Operand, perm: &[usize], shape: [usize; 3]| -> View {
@@ -209,7 +208,7 @@ unsafe fn native<T: Element>(
         let lhs = view(a, perm_a, [dims.b, dims.m, dims.k]);
         let rhs = view(b, perm_b, [dims.b, dims.k, dims.n]);
         let out = Ptr(Ptr::of(dst).at(T::DTYPE, dst.layout().offset()));
-        tiled::<T>(dims, out, lhs, rhs, one);
+        product::<T>(dims, out, lhs, rhs, init.is_some(), one);
         drop(keep);
     }
 }
@@ -250,7 +249,7 @@ unsafe fn widened<H: Element>(
                 offset: 0,
                 strides: [(dims.k * dims.n) as isize, dims.n as isize, 1],
             };
-            tiled::<f32>(dims, Ptr(acc.as_mut_ptr().cast()), lhs, rhs, 1.0);
+            product::<f32>(dims, Ptr(acc.as_mut_ptr().cast()), lhs, rhs, true, 1.0);
         }
         let out = Ptr::of(dst);
         let off = dst.layout().offset();
