@@ -38,26 +38,29 @@ pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[
         // first, and do not evict the operands.
         let out_bytes: usize = dsts.iter().map(|d| d.dtype().size() * n).sum();
         let streaming = out_bytes >= STREAM_MIN;
-        (0..n.div_ceil(TASK)).into_par_iter().for_each(|t| {
-            let mut regs = bound.registers(BLOCK);
-            let end = ((t + 1) * TASK).min(n);
-            let mut start = t * TASK;
-            while start < end {
-                let len = BLOCK.min(end - start);
-                // SAFETY: the door holds every claim for the whole call; this task writes the
-                // destinations' elements start..start+len alone.
-                unsafe {
-                    bound.eval(start, len, &mut regs);
-                    for (i, &(p, off, d)) in outs.iter().enumerate() {
-                        reg::store(bound.output(&regs, i, start, len), d, p.at(d, off + start as isize), streaming);
+        // registers made once per worker, not per task
+        (0..n.div_ceil(TASK)).into_par_iter().for_each_init(
+            || bound.registers(BLOCK),
+            |regs, t| {
+                let end = ((t + 1) * TASK).min(n);
+                let mut start = t * TASK;
+                while start < end {
+                    let len = BLOCK.min(end - start);
+                    // SAFETY: the door holds every claim for the whole call; this task writes the
+                    // destinations' elements start..start+len alone.
+                    unsafe {
+                        bound.eval(start, len, regs);
+                        for (i, &(p, off, d)) in outs.iter().enumerate() {
+                            reg::store(bound.output(regs, i, start, len), d, p.at(d, off + start as isize), streaming);
+                        }
                     }
+                    start += len;
                 }
-                start += len;
-            }
-            if streaming {
-                reg::fence();
-            }
-        });
+                if streaming {
+                    reg::fence();
+                }
+            },
+        );
         Answer::Done
     })
 }
