@@ -33,9 +33,22 @@ fn as_view(layout: &Layout, perm: &[usize], dims: [usize; 3]) -> Option<(isize, 
 ///
 /// # Safety
 /// A claim on `o`'s buffer is held and `S` is its element type.
-unsafe fn pack<S: Element, T>(o: &dyn Operand, perm: &[usize], conv: impl Fn(S) -> T) -> Vec<T> {
+/// Elements converted a task at a time where the layout is contiguous.
+const CONVERT_TASK: usize = 1 << 16;
+
+unsafe fn pack<S: Element, T: Send>(o: &dyn Operand, perm: &[usize], conv: impl Fn(S) -> T + Sync) -> Vec<T> {
     let l = o.layout().apply(&Move::Permute(perm.to_vec())).ok().flatten().expect("a permutation of its axes");
     let base = Ptr::of(o);
+    if l.is_contiguous() {
+        // in parallel, the elements in memory order
+        let (off, n) = (l.offset(), l.numel());
+        return (0..n)
+            .into_par_iter()
+            .with_min_len(CONVERT_TASK)
+            // SAFETY: the caller's contract; a contiguous layout holds n elements from its offset.
+            .map(|k| conv(unsafe { S::load(base.at(S::DTYPE, off + k as isize)) }))
+            .collect();
+    }
     // SAFETY: the caller's contract; positions of a checked layout.
     l.positions().map(|p| conv(unsafe { S::load(base.at(S::DTYPE, p)) })).collect()
 }
@@ -253,10 +266,11 @@ unsafe fn widened<H: Element>(
         }
         let out = Ptr::of(dst);
         let off = dst.layout().offset();
-        for (k, &x) in acc.iter().enumerate() {
+        acc.par_iter().enumerate().with_min_len(CONVERT_TASK).for_each(|(k, &x)| {
             // An output with no product is init as the accumulator holds it: -0 and NaN bits of a
-            // half survive the exact round trip through f32.
-            H::store(out.at(H::DTYPE, off + k as isize), down(x));
-        }
+            // half survive the exact round trip through f32. Each element of the contiguous
+            // destination is written once.
+            H::store(out.at(H::DTYPE, off + k as isize), down(x))
+        });
     }
 }
