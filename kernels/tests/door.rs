@@ -247,3 +247,16 @@ fn slices_in_place_hold_their_claims() {
     a.buffer().free().unwrap();
     assert_eq!(answer(a.with_slice(|_| ()).unwrap_err()).0, Answer::DeadBuffer);
 }
+
+#[test]
+fn large_buffers_are_mapped_zeroed_and_freed() {
+    // past HUGE_MIN: mapped with a huge-page hint; zero until written, like every buffer
+    let n = (nx_kernels::buffer::HUGE_MIN / 4) * 2 + 3;
+    for _ in 0..3 {
+        let a = Array::<f32>::zeros(Device::sim(0), &[n]).unwrap();
+        assert!(a.with_slice(|s| s.iter().all(|&x| x == 0.0)).unwrap());
+        a.with_slice_mut(|s| s.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32)).unwrap();
+        assert_eq!(a.get(&[n - 1]).unwrap(), (n - 1) as f32);
+        a.buffer().free().unwrap();
+    }
+}
