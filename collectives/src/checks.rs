@@ -112,3 +112,15 @@ pub(crate) fn peer(func: &'static str, peer: usize, rank: usize, n: usize) -> Re
     }
     Ok(())
 }
+
+/// Exclusive prefix sums: where each run of `counts` starts.
+pub(crate) fn offsets<T: Copy + Default + std::ops::Add<Output = T>>(counts: &[T]) -> Vec<T> {
+    counts
+        .iter()
+        .scan(T::default(), |acc, &c| {
+            let o = *acc;
+            *acc = o + c;
+            Some(o)
+        })
+        .collect()
+}

@@ -73,6 +73,7 @@ mod imp {
 
     use super::MpiOptions;
     use crate::checks;
+    use crate::checks::offsets as displs;
     use crate::reduce::reduce_into;
     use crate::shm::{Node, Shm, MAX_RANKS, SEGMENT};
     use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
@@ -262,17 +263,6 @@ mod imp {
 
     fn count(n: usize, func: &'static str) -> Result<Count> {
         Count::try_from(n).map_err(|_| Error::Invalid { func, why: format!("{n} bytes exceed MPI's count range") })
-    }
-
-    fn displs(counts: &[Count]) -> Vec<Count> {
-        counts
-            .iter()
-            .scan(0, |acc, &c| {
-                let d = *acc;
-                *acc += c;
-                Some(d)
-            })
-            .collect()
     }
 
     /// A fingerprint record: `seq`, then the shape key, the words and the extra counts, each on

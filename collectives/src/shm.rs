@@ -41,6 +41,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::checks::offsets;
 use crate::reduce::reduce_into;
 use crate::{Error, ReduceOp, Reducible, Result};
 
@@ -264,18 +265,6 @@ impl std::fmt::Debug for Shm {
 /// Elements `lo..hi` of a run of `count` that round `k` moves, `per` a round.
 fn piece(count: usize, k: usize, per: usize) -> (usize, usize) {
     ((k * per).min(count), ((k + 1) * per).min(count))
-}
-
-/// Exclusive prefix sums.
-fn offsets(counts: &[usize]) -> Vec<usize> {
-    counts
-        .iter()
-        .scan(0, |acc, &c| {
-            let o = *acc;
-            *acc += c;
-            Some(o)
-        })
-        .collect()
 }
 
 /// Copies `src` to `dst`, streaming the stores where `stream`.
