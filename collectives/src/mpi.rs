@@ -261,8 +261,16 @@ mod imp {
         unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
     }
 
-    fn count(n: usize, func: &'static str) -> Result<Count> {
-        Count::try_from(n).map_err(|_| Error::Invalid { func, why: format!("{n} bytes exceed MPI's count range") })
+    /// The byte counts of runs of `counts` elements of `T`, in MPI's count type.
+    fn byte_counts<T>(counts: impl IntoIterator<Item = usize>, func: &'static str) -> Result<Vec<Count>> {
+        counts
+            .into_iter()
+            .map(|c| {
+                let n = c * size_of::<T>();
+                Count::try_from(n)
+                    .map_err(|_| Error::Invalid { func, why: format!("{n} bytes exceed MPI's count range") })
+            })
+            .collect()
     }
 
     /// A fingerprint record: `seq`, then the shape key, the words and the extra counts, each on
@@ -416,10 +424,9 @@ mod imp {
         ) -> Result<()> {
             const FUNC: &str = "nx_collectives::mpi::reduce_scatter";
             let n = self.size();
-            let size = std::mem::size_of::<T>();
-            let sc: Vec<Count> = counts.iter().map(|&c| count(c * size, FUNC)).collect::<Result<_>>()?;
+            let sc = byte_counts::<T>(counts.iter().copied(), FUNC)?;
             let mine = recv.len();
-            let rc: Vec<Count> = (0..n).map(|_| count(std::mem::size_of_val(recv), FUNC)).collect::<Result<_>>()?;
+            let rc = byte_counts::<T>(std::iter::repeat_n(mine, n), FUNC)?;
             self.with_scratch::<T, _>(mine * n, |blocks| {
                 {
                     let (sd, rd) = (displs(&sc), displs(&rc));
@@ -495,9 +502,7 @@ mod imp {
             let mine = counts[self.rank()];
             // this rank's chunk of the sum, reduced straight into its place in `recv`
             self.exchange_and_reduce(send, &mut recv[lo..lo + mine], &counts, op)?;
-            let size = std::mem::size_of::<T>();
-            let c: Vec<Count> =
-                counts.iter().map(|&x| count(x * size, "nx_collectives::all_reduce")).collect::<Result<_>>()?;
+            let c = byte_counts::<T>(counts.iter().copied(), "nx_collectives::all_reduce")?;
             let d = displs(&c);
             // MPI_IN_PLACE is what this gather does: the chunk is copied out first (rsmpi takes
             // separate buffers)
@@ -534,9 +539,7 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.all_gather_v(send, recv, counts);
             }
-            let size = std::mem::size_of::<T>();
-            let c: Vec<Count> =
-                counts.iter().map(|&x| count(x * size, "nx_collectives::all_gather_v")).collect::<Result<_>>()?;
+            let c = byte_counts::<T>(counts.iter().copied(), "nx_collectives::all_gather_v")?;
             let d = displs(&c);
             let mut part = PartitionMut::new(bytes_mut(recv), &c[..], &d[..]);
             self.comm.all_gather_varcount_into(bytes(send), &mut part);
@@ -561,11 +564,8 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.all_to_all_v(send, send_counts, recv, recv_counts);
             }
-            let size = std::mem::size_of::<T>();
-            let sc: Vec<Count> =
-                send_counts.iter().map(|&x| count(x * size, "nx_collectives::all_to_all_v")).collect::<Result<_>>()?;
-            let rc: Vec<Count> =
-                recv_counts.iter().map(|&x| count(x * size, "nx_collectives::all_to_all_v")).collect::<Result<_>>()?;
+            let sc = byte_counts::<T>(send_counts.iter().copied(), "nx_collectives::all_to_all_v")?;
+            let rc = byte_counts::<T>(recv_counts.iter().copied(), "nx_collectives::all_to_all_v")?;
             let (sd, rd) = (displs(&sc), displs(&rc));
             let part = Partition::new(bytes(send), &sc[..], &sd[..]);
             let mut rpart = PartitionMut::new(bytes_mut(recv), &rc[..], &rd[..]);

@@ -79,38 +79,37 @@ fn conformance_on_2_3_and_4_ranks() {
     }
 }
 
+/// Runs `mode` on `n` ranks, which must fail; answers its stderr and how long it took.
+fn failing(n: usize, mode: &str) -> (String, Duration) {
+    let (out, took) = mpirun(n, mode, Duration::from_secs(60));
+    assert!(!out.status.success(), "mpirun -n {n} {mode} succeeded");
+    (String::from_utf8_lossy(&out.stderr).into_owned(), took)
+}
+
 #[test]
 fn a_mismatch_names_both_ranks_and_stops_the_job() {
-    let (out, _) = mpirun(3, "mismatch", Duration::from_secs(60));
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (err, _) = failing(3, "mismatch");
     assert!(err.contains("rank 0 called all_reduce_sum(f32, [16])"), "{err}");
     assert!(err.contains("rank 2 called all_gather(f32, [4, 4, 4])"), "{err}");
 }
 
 #[test]
 fn ranks_that_take_a_group_for_different_mesh_axes_are_a_mismatch() {
-    let (out, _) = mpirun(3, "axes", Duration::from_secs(60));
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (err, _) = failing(3, "axes");
     assert!(err.contains("called all_reduce_sum(f32, [4]) over mesh axes x at nx-mpi-check.rs:"), "{err}");
     assert!(err.contains("called all_reduce_sum(f32, [4]) over mesh axes y at nx-mpi-check.rs:"), "{err}");
 }
 
 #[test]
 fn a_skipped_collective_times_out_naming_the_rank() {
-    let (out, took) = mpirun(3, "skip", Duration::from_secs(60));
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (err, took) = failing(3, "skip");
     assert!(err.contains("waited") && err.contains("for ranks [1], which did not arrive"), "{err}");
     assert!(took < Duration::from_secs(30), "stopped well within the limit: {took:?}");
 }
 
 #[test]
 fn a_skipped_collective_times_out_on_the_shared_memory_path_unchecked() {
-    let (out, took) = mpirun(3, "skip-unchecked", Duration::from_secs(60));
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (err, took) = failing(3, "skip-unchecked");
     assert!(err.contains("barrier on rank") && err.contains("for ranks [1], which did not arrive"), "{err}");
     assert!(took < Duration::from_secs(30), "stopped well within the limit: {took:?}");
 }
