@@ -3,7 +3,7 @@
 //! independence.
 
 use half::{bf16, f16};
-use nx_kernels::prog::{CmpOp, Prog, UnOp};
+use nx_kernels::prog::{BinOp, CmpOp, Prog, UnOp};
 use nx_kernels::{Answer, Array, Contraction, Dtype, Element, Extreme, Host, Kernels, Move, Operand, Reduction};
 use nx_mesh::Device;
 use proptest::prelude::*;
@@ -74,6 +74,121 @@ fn fused_chain_is_bit_exact_on_strided_and_broadcast_operands() {
     }
 }
 
+/// Every unary op of real floats.
+const REAL_UNARY: [UnOp; 14] = [
+    UnOp::Neg,
+    UnOp::Abs,
+    UnOp::Exp,
+    UnOp::Log,
+    UnOp::Sqrt,
+    UnOp::Rsqrt,
+    UnOp::Tanh,
+    UnOp::Sigmoid,
+    UnOp::Sin,
+    UnOp::Cos,
+    UnOp::Erf,
+    UnOp::Recip,
+    UnOp::Floor,
+    UnOp::Ceil,
+];
+
+/// Values with every special case among ordinary ones.
+fn specials(k: usize) -> f64 {
+    const S: [f64; 8] = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0, 1e-310];
+    if k % 11 == 0 {
+        S[(k / 11) % S.len()]
+    } else {
+        (k as f64 - 5003.0) / 97.0
+    }
+}
+
+fn same_bits<T: Element + Copy + PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let nan = |v: &T| matches!(v.to_value(), nx_kernels::Value::Float(f) if f.is_nan());
+        assert!(g == w && format!("{g:?}") == format!("{w:?}") || nan(g) && nan(w), "{what} at {i}: {g:?} vs {w:?}");
+    }
+}
+
+/// Contiguous operands of one float dtype run through the lane-fused evaluator; the same values
+/// through strided views run through the register evaluator: every unary and binary op, and a
+/// chain with constants and two outputs, give the same bits on both — at lengths around the lane
+/// count and a task, and past the streaming-store threshold.
+#[test]
+fn lane_fused_maps_match_the_register_evaluator_bit_for_bit() {
+    let host = Host::new();
+    let binary = [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Pow, BinOp::Max, BinOp::Min];
+    macro_rules! go {
+        ($t:ty, $d:expr, $n:expr, $progs:expr) => {{
+            let n: usize = $n;
+            let fx = |k: usize| specials(k) as $t;
+            let fy = |k: usize| specials(k * 3 + 5) as $t;
+            let xs: Vec<$t> = (0..n).map(fx).collect();
+            let ys: Vec<$t> = (0..n).map(fy).collect();
+            let (x, y) = (
+                Array::<$t>::from_vec(DEV, &[n], xs.clone()).unwrap(),
+                Array::<$t>::from_vec(DEV, &[n], ys.clone()).unwrap(),
+            );
+            // the same values, every other element of a larger buffer
+            let wide = |v: &[$t]| {
+                let big: Vec<$t> = v.iter().flat_map(|&e| [e, 0.0]).collect();
+                let b = Array::<$t>::from_vec(DEV, &[2 * n], big).unwrap();
+                b.apply(&Move::Slice { axis: 0, start: Some(0), stop: None, step: 2 }).unwrap().unwrap()
+            };
+            let (xw, yw) = (wide(&xs), wide(&ys));
+            for (name, p) in $progs {
+                let outs = p.outputs();
+                let fused: Vec<Array<$t>> = (0..outs).map(|_| Array::<$t>::zeros(DEV, &[n]).unwrap()).collect();
+                let plain: Vec<Array<$t>> = (0..outs).map(|_| Array::<$t>::zeros(DEV, &[n]).unwrap()).collect();
+                let f: Vec<&dyn Operand> = fused.iter().map(|a| a as &dyn Operand).collect();
+                let q: Vec<&dyn Operand> = plain.iter().map(|a| a as &dyn Operand).collect();
+                assert_eq!(host.map(&p, &[n], &f, &[&x, &y]), Answer::Done);
+                assert_eq!(host.map(&p, &[n], &q, &[&xw, &yw]), Answer::Done);
+                for (a, b) in fused.iter().zip(&plain) {
+                    same_bits(&a.to_vec().unwrap(), &b.to_vec().unwrap(), &format!("{name} over {n} {}", $d));
+                }
+            }
+        }};
+    }
+    let progs = |d: Dtype| {
+        let mut v = Vec::new();
+        for op in REAL_UNARY {
+            let mut p = Prog::new(&[d, d]);
+            let l = p.load(0);
+            let u = p.unary(op, l);
+            p.output(u);
+            v.push((format!("{op:?}"), p));
+        }
+        for op in binary {
+            let mut p = Prog::new(&[d, d]);
+            let (a, b) = (p.load(0), p.load(1));
+            let u = p.binary(op, a, b);
+            p.output(u);
+            v.push((format!("{op:?}"), p));
+        }
+        // a chain with a constant, a weak scalar, a load as an output and two computed outputs
+        let mut p = Prog::new(&[d, d]);
+        let (a, b) = (p.load(0), p.load(1));
+        let c = p.float(0.25);
+        let ab = p.mul(a, b);
+        let s = p.add(ab, c);
+        let t = p.unary(UnOp::Tanh, s);
+        let m = p.max(t, b);
+        p.output(m);
+        p.output(a);
+        p.output(s);
+        v.push(("chain".into(), p));
+        v
+    };
+    for n in [0, 1, 63, 64, 65, 64 * 5 + 13, (1 << 16) + 64 * 3 + 1] {
+        go!(f32, Dtype::F32, n, progs(Dtype::F32));
+        go!(f64, Dtype::F64, n, progs(Dtype::F64));
+    }
+    // three outputs of 4 MiB and more: streaming stores
+    let big = (1 << 20) + 77;
+    go!(f32, Dtype::F32, big, progs(Dtype::F32).into_iter().filter(|(n, _)| n == "chain"));
+}
+
 #[test]
 fn halves_compute_in_f32_and_round_once() {
     let host = Host::new();
@@ -103,23 +218,9 @@ fn halves_compute_in_f32_and_round_once() {
 #[test]
 fn unary_ops_match_f64_within_a_few_ulps() {
     let host = Host::new();
-    let ops = [
-        UnOp::Exp,
-        UnOp::Log,
-        UnOp::Sqrt,
-        UnOp::Rsqrt,
-        UnOp::Tanh,
-        UnOp::Sigmoid,
-        UnOp::Sin,
-        UnOp::Cos,
-        UnOp::Erf,
-        UnOp::Abs,
-        UnOp::Neg,
-        UnOp::Recip,
-    ];
     let xs: Vec<f64> = (0..2001).map(|i| (i as f64 - 1000.0) / 97.0).collect();
     let x = Array::<f64>::from_vec(DEV, &[xs.len()], xs.clone()).unwrap();
-    for op in ops {
+    for op in REAL_UNARY {
         let mut p = Prog::new(&[Dtype::F64]);
         let l = p.load(0);
         let u = p.unary(op, l);
@@ -141,6 +242,8 @@ fn unary_ops_match_f64_within_a_few_ulps() {
                 UnOp::Abs => v.abs(),
                 UnOp::Neg => -v,
                 UnOp::Recip => 1.0 / v,
+                UnOp::Floor => v.floor(),
+                UnOp::Ceil => v.ceil(),
                 _ => unreachable!(),
             };
             if want.is_nan() {
@@ -452,6 +555,60 @@ fn integer_and_boolean_reductions() {
     let empty = Array::<f32>::zeros(DEV, &[0]).unwrap();
     let p = Array::<i64>::zeros(DEV, &[]).unwrap();
     assert_eq!(reduce1(&host, Reduction::Arg(Extreme::Max), &empty, &[0], &[&f, &p]), Answer::ShapeMismatch);
+}
+
+/// The association the module documentation states for a `Sum`: chunks of 2048 terms, term `i`
+/// into lane `i mod 8`, the lanes as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then a pairwise tree
+/// over the chunks (the first half rounded up to a power of two, then the rest).
+fn documented_sum(xs: &[f32]) -> f32 {
+    fn tree(ps: &[f32]) -> f32 {
+        match ps.len() {
+            0 => 0.0,
+            1 => ps[0],
+            n => {
+                let h = n.next_power_of_two() / 2;
+                tree(&ps[..h]) + tree(&ps[h..])
+            }
+        }
+    }
+    let chunks: Vec<f32> = xs
+        .chunks(2048)
+        .map(|c| {
+            let mut l = [0f32; 8];
+            for (i, &x) in c.iter().enumerate() {
+                l[i % 8] += x;
+            }
+            ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+        })
+        .collect();
+    tree(&chunks)
+}
+
+/// A whole-array sum, and two sums of one program in one call, are the documented association
+/// bit for bit: from one chunk to many blocks of chunks, on 1 and 3 threads.
+#[test]
+fn sums_follow_the_documented_association_exactly() {
+    for threads in [1, 3] {
+        let host = Host::with_threads(threads).unwrap();
+        for n in [1, 2047, 2048, 2049, 2048 * 16, 2048 * 16 + 1, 2048 * 37 + 5, 2048 * 200 + 3] {
+            let xs: Vec<f32> = (0..n).map(|k| val(k * 13 % 10007) * 1.0e3).collect();
+            let x = Array::<f32>::from_vec(DEV, &[n], xs.clone()).unwrap();
+            let mut p = Prog::new(&[Dtype::F32]);
+            let l = p.load(0);
+            let sq = p.mul(l, l);
+            p.output(l);
+            p.output(sq);
+            let (s, q) = (Array::<f32>::zeros(DEV, &[]).unwrap(), Array::<f32>::zeros(DEV, &[]).unwrap());
+            let r = host.reduce(&p, &[n], &[0], &[Reduction::Sum, Reduction::Sum], &[&s, &q], &[&x]);
+            assert_eq!(r, Answer::Done);
+            let squares: Vec<f32> = xs.iter().map(|v| v * v).collect();
+            assert_eq!(s.get(&[]).unwrap().to_bits(), documented_sum(&xs).to_bits(), "sum of {n}");
+            assert_eq!(q.get(&[]).unwrap().to_bits(), documented_sum(&squares).to_bits(), "squares of {n}");
+            let all = Array::<f32>::zeros(DEV, &[]).unwrap();
+            assert_eq!(reduce1(&host, Reduction::Sum, &x, &[0], &[&all]), Answer::Done);
+            assert_eq!(all.get(&[]).unwrap().to_bits(), documented_sum(&xs).to_bits(), "alone, {n}");
+        }
+    }
 }
 
 #[test]

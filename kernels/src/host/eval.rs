@@ -30,22 +30,22 @@ impl Ptr {
 
 /// One load: its dtype, memory and layout over the loop's (possibly permuted) shape.
 pub(crate) struct Source {
-    dtype: Dtype,
-    base: Ptr,
-    layout: Layout,
+    pub(crate) dtype: Dtype,
+    pub(crate) base: Ptr,
+    pub(crate) layout: Layout,
     contiguous: bool,
 }
 
 /// A program bound to its operands over a loop.
 pub(crate) struct Bound<'p> {
-    prog: &'p Prog,
+    pub(crate) prog: &'p Prog,
     shape: Vec<usize>,
     /// For each program axis, the loop axis that holds it.
     axis_of: Vec<usize>,
-    sources: Vec<Source>,
-    live: Vec<bool>,
+    pub(crate) sources: Vec<Source>,
+    pub(crate) live: Vec<bool>,
     /// Per node: a load read in place (a contiguous source needing no conversion).
-    direct: Vec<bool>,
+    pub(crate) direct: Vec<bool>,
 }
 
 /// The loop positions of flat indices `start..start + len` of a layout over `shape`.

@@ -3,6 +3,7 @@
 use rayon::prelude::*;
 
 use super::eval::{Bound, Ptr};
+use super::fused::{Float, Fused, LANES};
 use super::{reg, through_door};
 use crate::door::Operand;
 use crate::prog::{map_refusal, Prog};
@@ -33,34 +34,54 @@ pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[
         };
         let outs: Vec<(Ptr, isize, crate::Dtype)> =
             dsts.iter().map(|d| (Ptr::of(*d), d.layout().offset(), d.dtype())).collect();
-        let n = bound.numel();
-        // Outputs far past the caches go to memory with streaming stores: their lines are not read
-        // first, and do not evict the operands.
-        let out_bytes: usize = dsts.iter().map(|d| d.dtype().size() * n).sum();
-        let streaming = out_bytes >= STREAM_MIN;
-        // registers made once per worker, not per task
-        (0..n.div_ceil(TASK)).into_par_iter().for_each_init(
-            || bound.registers(BLOCK),
-            |regs, t| {
-                let end = ((t + 1) * TASK).min(n);
-                let mut start = t * TASK;
-                while start < end {
-                    let len = BLOCK.min(end - start);
-                    // SAFETY: the door holds every claim for the whole call; this task writes the
-                    // destinations' elements start..start+len alone.
-                    unsafe {
-                        bound.eval(start, len, regs);
-                        for (i, &(p, off, d)) in outs.iter().enumerate() {
-                            reg::store(bound.output(regs, i, start, len), d, p.at(d, off + start as isize), streaming);
-                        }
-                    }
-                    start += len;
-                }
-                if streaming {
-                    reg::fence();
-                }
-            },
-        );
+        let dtypes: Vec<_> = outs.iter().map(|o| o.2).collect();
+        if let Some(f) = Fused::<f32>::new(&bound, &dtypes) {
+            run(&bound, Some(&f), &outs);
+        } else if let Some(f) = Fused::<f64>::new(&bound, &dtypes) {
+            run(&bound, Some(&f), &outs);
+        } else {
+            run::<f32>(&bound, None, &outs);
+        }
         Answer::Done
     })
+}
+
+/// Runs the loop over the rayon pool: runs of [`LANES`] through `fused` where given, the rest
+/// (and everything where not) through the register evaluator.
+fn run<T: Float>(bound: &Bound<'_>, fused: Option<&Fused<T>>, outs: &[(Ptr, isize, crate::Dtype)]) {
+    let n = bound.numel();
+    // Outputs far past the caches go to memory with streaming stores: their lines are not read
+    // first, and do not evict the operands.
+    let out_bytes: usize = outs.iter().map(|o| o.2.size() * n).sum();
+    let streaming = out_bytes >= STREAM_MIN;
+    let lanes_outs: Vec<(Ptr, isize)> = outs.iter().map(|o| (o.0, o.1)).collect();
+    // registers made once per worker, not per task
+    (0..n.div_ceil(TASK)).into_par_iter().for_each_init(
+        || (bound.registers(BLOCK), fused.map(Fused::registers)),
+        |(regs, lanes), t| {
+            let end = ((t + 1) * TASK).min(n);
+            let mut start = t * TASK;
+            if let (Some(f), Some(lanes)) = (fused, lanes) {
+                let whole = start + (end - start) / LANES * LANES;
+                // SAFETY: the door holds every claim for the whole call; this task writes the
+                // destinations' elements start..end alone.
+                unsafe { f.run(lanes, start, whole, &lanes_outs, streaming) };
+                start = whole;
+            }
+            while start < end {
+                let len = BLOCK.min(end - start);
+                // SAFETY: as above.
+                unsafe {
+                    bound.eval(start, len, regs);
+                    for (i, &(p, off, d)) in outs.iter().enumerate() {
+                        reg::store(bound.output(regs, i, start, len), d, p.at(d, off + start as isize), streaming);
+                    }
+                }
+                start += len;
+            }
+            if streaming {
+                reg::fence();
+            }
+        },
+    );
 }

@@ -16,15 +16,23 @@
 //!
 //! # Algorithms
 //!
-//! - **Loops** run in tasks of 2¹⁶ flat indices over the rayon pool, each evaluating the program
-//!   over blocks of 2048 indices held in typed registers (one per node), so a chain of maps reads
-//!   and writes memory once. A load of a contiguous operand that needs no conversion (`f32`, `f64`,
-//!   `i64`, `u64`, `c64`, `c128`) is read in place; other loads convert into a register.
+//! - **Loops** run in tasks of 2¹⁶ flat indices over the rayon pool, so a chain of maps reads and
+//!   writes memory once. A program whose live nodes are all of one float type (`f32` or `f64`) —
+//!   loads of contiguous operands of that dtype, constants, real unary and binary ops — into
+//!   destinations of that dtype runs *lane-fused*: the whole program over 256 indices held in small
+//!   arrays, then the next 256, loads read in place and outputs stored straight from the lanes
+//!   (compiled a second time for AVX2 where the CPU has it); its reads and writes interleave as a
+//!   hand-fused loop's do. Every other program runs over blocks of 2048 indices held in typed
+//!   registers (one per node): a load of a contiguous operand that needs no conversion (`f32`,
+//!   `f64`, `i64`, `u64`, `c64`, `c128`) is read in place, other loads convert into a register.
+//!   Both evaluators apply the same elementwise functions: the same bits. Outputs of 8 MiB and
+//!   more are written with streaming stores.
 //! - **Reductions** number each output's terms in C order of the reduced axes and cut them into
 //!   chunks of 2048. A `Sum` chunk adds term `i` into lane `i mod 8` (each lane from +0), then adds
 //!   the lanes as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`; a `Prod` chunk multiplies left to right
 //!   from its first term; chunks combine by a pairwise tree (the first ⌈p/2⌉ rounded up to a power
-//!   of two, then the rest). `Logsumexp` keeps per chunk the maximum m and Σ exp(x − m) in `f64`
+//!   of two, then the rest). A task combines the partials of 16 aligned chunks before they leave
+//!   it — the tree splits only at multiples of 16, so this is the same tree. `Logsumexp` keeps per chunk the maximum m and Σ exp(x − m) in `f64`
 //!   and combines by rescaling; `Moments` keeps per chunk the count, the mean and the sum of squared
 //!   deviations (two passes over the chunk, in `f64`) and combines by Chan's formula, so the
 //!   variance is a sum of non-negative terms: never negative. Nothing depends on the thread count:
@@ -56,6 +64,7 @@
 
 mod contract;
 pub(crate) mod eval;
+mod fused;
 mod map;
 mod reduce;
 pub(crate) mod reg;

@@ -408,6 +408,27 @@ fn chunks_any(r: Reduction, src: Src<'_>, base: i64, out: &mut Vec<AnyPartial>) 
     }
 }
 
+/// The pairwise tree of `ps` (all of one term type), as one partial; `None` for no partial.
+fn tree_any(r: Reduction, ps: impl Iterator<Item = AnyPartial>) -> Option<AnyPartial> {
+    let mut ps = ps.peekable();
+    macro_rules! go {
+        ($v:ident) => {{
+            let typed: Vec<_> =
+                ps.map(|p| if let AnyPartial::$v(p) = p { p } else { unreachable!("one type") }).collect();
+            tree(r, &typed).map(AnyPartial::$v)
+        }};
+    }
+    match ps.peek()? {
+        AnyPartial::B(_) => go!(B),
+        AnyPartial::I(_) => go!(I),
+        AnyPartial::U(_) => go!(U),
+        AnyPartial::F(_) => go!(F),
+        AnyPartial::D(_) => go!(D),
+        AnyPartial::C(_) => go!(C),
+        AnyPartial::Z(_) => go!(Z),
+    }
+}
+
 fn finish_any(r: Reduction, ty: Ty, ps: impl Iterator<Item = AnyPartial>) -> (Value, Option<Value>) {
     macro_rules! go {
         ($v:ident, $t:ty) => {{
@@ -518,6 +539,10 @@ impl Job<'_> {
 
 /// Chunks evaluated together (the association stays per chunk).
 const GROUP: usize = 4;
+/// Chunks whose partials one task combines before they leave it: a power of two, so that the
+/// pairwise tree over every output's chunks splits only at its multiples, and the tree over these
+/// blocks' partials is the tree over the chunks' (the bits do not depend on it).
+const BLOCK_CHUNKS: usize = 16;
 
 pub(crate) fn reduce(
     prog: &Prog,
@@ -609,19 +634,25 @@ pub(crate) fn reduce(
                     },
                 );
             } else {
-                // every group's partials into its own slots of one vector: an indexed loop, as
-                // even as a plain parallel loop over the terms
+                // every block of BLOCK_CHUNKS chunks combined by one task into its own slots of
+                // one short vector: an indexed loop, as even as a plain parallel loop over the terms
                 let n = reductions.len();
-                let mut ps = vec![AnyPartial::B(Partial::Sum(false)); chunks * n];
+                let blocks = chunks.div_ceil(BLOCK_CHUNKS);
+                let mut ps = vec![AnyPartial::B(Partial::Sum(false)); blocks * n];
                 for o in 0..outputs {
-                    ps.par_chunks_mut(GROUP * n).with_min_len(8).enumerate().for_each_init(
-                        || (bound.registers(CHUNK * GROUP), Vec::with_capacity(GROUP * n)),
+                    ps.par_chunks_mut(n).with_min_len(2).enumerate().for_each_init(
+                        || (bound.registers(CHUNK * GROUP), Vec::with_capacity(BLOCK_CHUNKS * n)),
                         // SAFETY: the door holds the claims; chunks only read.
-                        |(regs, out), (g, slots)| unsafe {
-                            let (j0, j1) = span(g);
+                        |(regs, out), (b, slots)| unsafe {
                             out.clear();
-                            job.chunks(regs, o, j0, j1, out);
-                            slots.copy_from_slice(out);
+                            let end = ((b + 1) * BLOCK_CHUNKS).min(chunks);
+                            for j0 in (b * BLOCK_CHUNKS..end).step_by(GROUP) {
+                                job.chunks(regs, o, j0, (j0 + GROUP).min(end), out);
+                            }
+                            for (i, (&r, slot)) in reductions.iter().zip(slots).enumerate() {
+                                *slot =
+                                    tree_any(r, out.iter().skip(i).step_by(n).copied()).expect("a block has chunks");
+                            }
                         },
                     );
                     // SAFETY: as above; output o is written once.

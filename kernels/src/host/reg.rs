@@ -12,6 +12,7 @@ use crate::{Dtype, Element, Value};
 ///
 /// # Safety
 /// `dst` points at `src.len()` writable, aligned elements under an exclusive claim.
+#[inline(always)]
 pub(crate) unsafe fn stream<T: Copy>(src: &[T], dst: *mut T) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -527,35 +528,66 @@ fn zip_into<T: Copy, U>(a: &[T], b: &[T], o: &mut Vec<U>, f: impl Fn(T, T) -> U)
     o.extend(a[..n].iter().zip(&b[..n]).map(|(&x, &y)| f(x, y)));
 }
 
+/// Expands `$go!($args.., f)` with `f` the elementwise function of the real unary op `$op` over
+/// the float type `$t`: one monomorphised loop per op, so that each vectorises. Every evaluator
+/// of real unary ops goes through it, so they agree bit for bit.
+macro_rules! real_unary {
+    ($op:expr, $t:ty, $go:ident($($arg:expr),*)) => {
+        match $op {
+            $crate::prog::UnOp::Neg => $go!($($arg),*, |x: $t| -x),
+            $crate::prog::UnOp::Abs => $go!($($arg),*, |x: $t| x.abs()),
+            $crate::prog::UnOp::Exp => $go!($($arg),*, |x: $t| x.exp()),
+            $crate::prog::UnOp::Log => $go!($($arg),*, |x: $t| x.ln()),
+            $crate::prog::UnOp::Sqrt => $go!($($arg),*, |x: $t| x.sqrt()),
+            $crate::prog::UnOp::Rsqrt => $go!($($arg),*, |x: $t| 1.0 / x.sqrt()),
+            $crate::prog::UnOp::Tanh => $go!($($arg),*, |x: $t| x.tanh()),
+            $crate::prog::UnOp::Sigmoid => $go!($($arg),*, |x: $t| 1.0 / (1.0 + (-x).exp())),
+            $crate::prog::UnOp::Sin => $go!($($arg),*, |x: $t| x.sin()),
+            $crate::prog::UnOp::Cos => $go!($($arg),*, |x: $t| x.cos()),
+            $crate::prog::UnOp::Erf => $go!($($arg),*, |x: $t| $crate::host::reg::erf(x as f64) as $t),
+            $crate::prog::UnOp::Recip => $go!($($arg),*, |x: $t| 1.0 / x),
+            $crate::prog::UnOp::Floor => $go!($($arg),*, |x: $t| x.floor()),
+            $crate::prog::UnOp::Ceil => $go!($($arg),*, |x: $t| x.ceil()),
+            $crate::prog::UnOp::Not => unreachable!("typed by Prog"),
+        }
+    };
+}
+pub(crate) use real_unary;
+
+/// As [`real_unary`], for the real binary op `$op`.
+macro_rules! real_binary {
+    ($op:expr, $t:ty, $go:ident($($arg:expr),*)) => {
+        match $op {
+            $crate::prog::BinOp::Add => $go!($($arg),*, |x: $t, y: $t| x + y),
+            $crate::prog::BinOp::Sub => $go!($($arg),*, |x: $t, y: $t| x - y),
+            $crate::prog::BinOp::Mul => $go!($($arg),*, |x: $t, y: $t| x * y),
+            $crate::prog::BinOp::Div => $go!($($arg),*, |x: $t, y: $t| x / y),
+            $crate::prog::BinOp::Pow => $go!($($arg),*, |x: $t, y: $t| x.powf(y)),
+            $crate::prog::BinOp::Max => $go!($($arg),*, $crate::host::reg::float_max::<$t>),
+            $crate::prog::BinOp::Min => $go!($($arg),*, $crate::host::reg::float_min::<$t>),
+        }
+    };
+}
+pub(crate) use real_binary;
+
+macro_rules! map_vec {
+    ($s:expr, $o:expr, $f:expr) => {
+        map_into($s, $o, $f)
+    };
+}
+
+macro_rules! zip_vec {
+    ($a:expr, $b:expr, $o:expr, $f:expr) => {
+        zip_into($a, $b, $o, $f)
+    };
+}
+
 /// `out = op x`.
 pub(crate) fn unary(op: UnOp, x: Src<'_>, out: &mut Reg) {
     out.clear();
-    // One loop per op, each monomorphised and inlined, so that it vectorises.
-    macro_rules! real {
-        ($s:expr, $o:expr, $t:ty) => {{
-            let (s, o) = ($s, $o);
-            match op {
-                UnOp::Neg => map_into(s, o, |x: $t| -x),
-                UnOp::Abs => map_into(s, o, |x: $t| x.abs()),
-                UnOp::Exp => map_into(s, o, |x: $t| x.exp()),
-                UnOp::Log => map_into(s, o, |x: $t| x.ln()),
-                UnOp::Sqrt => map_into(s, o, |x: $t| x.sqrt()),
-                UnOp::Rsqrt => map_into(s, o, |x: $t| 1.0 / x.sqrt()),
-                UnOp::Tanh => map_into(s, o, |x: $t| x.tanh()),
-                UnOp::Sigmoid => map_into(s, o, |x: $t| 1.0 / (1.0 + (-x).exp())),
-                UnOp::Sin => map_into(s, o, |x: $t| x.sin()),
-                UnOp::Cos => map_into(s, o, |x: $t| x.cos()),
-                UnOp::Erf => map_into(s, o, |x: $t| erf(x as f64) as $t),
-                UnOp::Recip => map_into(s, o, |x: $t| 1.0 / x),
-                UnOp::Floor => map_into(s, o, |x: $t| x.floor()),
-                UnOp::Ceil => map_into(s, o, |x: $t| x.ceil()),
-                UnOp::Not => unreachable!("typed by Prog"),
-            }
-        }};
-    }
     match (x, &mut *out) {
-        (Src::F(s), Reg::F(o)) => real!(s, o, f32),
-        (Src::D(s), Reg::D(o)) => real!(s, o, f64),
+        (Src::F(s), Reg::F(o)) => real_unary!(op, f32, map_vec(s, o)),
+        (Src::D(s), Reg::D(o)) => real_unary!(op, f64, map_vec(s, o)),
         (Src::I(s), Reg::I(o)) => o.extend(s.iter().map(|&x| match op {
             UnOp::Neg => x.wrapping_neg(),
             UnOp::Abs => x.wrapping_abs(),
@@ -596,23 +628,9 @@ complex_unary!(complex_unary64, Complex64);
 /// `out = x op y`, both of one type.
 pub(crate) fn binary(op: BinOp, x: Src<'_>, y: Src<'_>, out: &mut Reg) {
     out.clear();
-    macro_rules! real {
-        ($a:expr, $b:expr, $o:expr, $t:ty) => {{
-            let (a, b, o) = ($a, $b, $o);
-            match op {
-                BinOp::Add => zip_into(a, b, o, |x: $t, y: $t| x + y),
-                BinOp::Sub => zip_into(a, b, o, |x: $t, y: $t| x - y),
-                BinOp::Mul => zip_into(a, b, o, |x: $t, y: $t| x * y),
-                BinOp::Div => zip_into(a, b, o, |x: $t, y: $t| x / y),
-                BinOp::Pow => zip_into(a, b, o, |x: $t, y: $t| x.powf(y)),
-                BinOp::Max => zip_into(a, b, o, float_max::<$t>),
-                BinOp::Min => zip_into(a, b, o, float_min::<$t>),
-            }
-        }};
-    }
     match (x, y, &mut *out) {
-        (Src::F(a), Src::F(b), Reg::F(o)) => real!(a, b, o, f32),
-        (Src::D(a), Src::D(b), Reg::D(o)) => real!(a, b, o, f64),
+        (Src::F(a), Src::F(b), Reg::F(o)) => real_binary!(op, f32, zip_vec(a, b, o)),
+        (Src::D(a), Src::D(b), Reg::D(o)) => real_binary!(op, f64, zip_vec(a, b, o)),
         (Src::I(a), Src::I(b), Reg::I(o)) => {
             let f: fn(i64, i64) -> i64 = match op {
                 BinOp::Add => i64::wrapping_add,

@@ -1,0 +1,233 @@
+//! Maps of float programs evaluated a few lanes at a time: every node of the program over
+//! [`LANES`] consecutive indices held in a small array, loads read in place and outputs stored
+//! straight from the lanes. The whole program runs over one run of lanes before the next, so the
+//! reads and the (streaming) writes of memory interleave as in a hand-fused loop, where the
+//! register-at-a-time evaluator of [`super::eval`] runs each node over a block of 2048 before the
+//! next. It takes the common case — every live node of one float type (`f32` or `f64`), loads of
+//! contiguous operands of that dtype, constants, real unary and binary ops, destinations of that
+//! dtype — and the elementwise functions are [`super::reg`]'s, so both evaluators give the same
+//! bits.
+
+use super::eval::{Bound, Ptr};
+use super::reg::{self, real_binary, real_unary};
+use crate::prog::{BinOp, Node, Ty, UnOp};
+use crate::Dtype;
+
+/// Indices evaluated together: 1 KiB of `f32` a node (64 measured 10–30% slower here).
+pub(crate) const LANES: usize = 256;
+
+/// The values of one node over one run of lanes.
+pub(crate) type Lanes<T> = [T; LANES];
+
+/// A float type the fused evaluator runs.
+pub(crate) trait Float: Copy + Default + Send + Sync + 'static {
+    /// Its dtype and compute type.
+    const DTYPE: Dtype;
+    /// Its compute type.
+    const TY: Ty;
+    /// A constant's value in this type, as [`reg::Reg::fill`] rounds it.
+    fn of(re: f64) -> Self;
+    /// `o = op a`.
+    fn unary(op: UnOp, a: &Lanes<Self>, o: &mut Lanes<Self>);
+    /// `o = a op b`.
+    fn binary(op: BinOp, a: &Lanes<Self>, b: &Lanes<Self>, o: &mut Lanes<Self>);
+}
+
+macro_rules! lanes1 {
+    ($a:expr, $o:expr, $f:expr) => {{
+        let f = $f;
+        for (o, &x) in $o.iter_mut().zip($a) {
+            *o = f(x);
+        }
+    }};
+}
+
+macro_rules! lanes2 {
+    ($a:expr, $b:expr, $o:expr, $f:expr) => {{
+        let f = $f;
+        for ((o, &x), &y) in $o.iter_mut().zip($a).zip($b) {
+            *o = f(x, y);
+        }
+    }};
+}
+
+macro_rules! float {
+    ($t:ty, $d:ident, $ty:ident) => {
+        impl Float for $t {
+            const DTYPE: Dtype = Dtype::$d;
+            const TY: Ty = Ty::$ty;
+            fn of(re: f64) -> $t {
+                re as $t
+            }
+            #[inline(always)]
+            fn unary(op: UnOp, a: &Lanes<$t>, o: &mut Lanes<$t>) {
+                real_unary!(op, $t, lanes1(a, o))
+            }
+            #[inline(always)]
+            fn binary(op: BinOp, a: &Lanes<$t>, b: &Lanes<$t>, o: &mut Lanes<$t>) {
+                real_binary!(op, $t, lanes2(a, b, o))
+            }
+        }
+    };
+}
+float!(f32, F32, F32);
+float!(f64, F64, F64);
+
+/// Where a node's lanes are: a node's register, or memory (a contiguous load read in place,
+/// at the address of flat index 0).
+#[derive(Clone, Copy, Debug)]
+enum Arg {
+    Reg(usize),
+    Mem(Ptr),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Unary(UnOp, Arg),
+    Binary(BinOp, Arg, Arg),
+}
+
+/// A program bound to its operands, compiled for the fused evaluator.
+pub(crate) struct Fused<T> {
+    nodes: usize,
+    consts: Vec<(usize, T)>,
+    /// The computed nodes in program order (operands before their users), with their steps.
+    steps: Vec<(usize, Step)>,
+    outputs: Vec<Arg>,
+    /// The CPU runs AVX2: the loops are compiled a second time for it (twice the lanes an
+    /// instruction; the same operations, so the same bits).
+    avx2: bool,
+}
+
+impl<T: Float> Fused<T> {
+    /// `bound` compiled for destinations of dtypes `dsts`; `None` where the evaluator does not
+    /// take the program (see the module documentation).
+    pub(crate) fn new(bound: &Bound<'_>, dsts: &[Dtype]) -> Option<Fused<T>> {
+        if dsts.iter().any(|&d| d != T::DTYPE) {
+            return None;
+        }
+        let prog = bound.prog;
+        let arg = |v: usize| -> Arg {
+            match prog.nodes[v].0 {
+                Node::Load(j) if bound.direct[v] => {
+                    let s = &bound.sources[j];
+                    Arg::Mem(Ptr(s.base.at(s.dtype, s.layout.offset())))
+                }
+                _ => Arg::Reg(v),
+            }
+        };
+        let (mut consts, mut steps) = (Vec::new(), Vec::new());
+        for (k, (node, ty)) in prog.nodes.iter().enumerate() {
+            if !bound.live[k] {
+                continue;
+            }
+            if *ty != T::TY {
+                return None;
+            }
+            match node {
+                Node::Load(j) if bound.direct[k] && bound.sources[*j].dtype == T::DTYPE => {}
+                Node::Const(c) => consts.push((k, T::of(c.re))),
+                Node::Weak(s) => consts.push((k, T::of(crate::prog::scalar_value(*s).re))),
+                Node::Unary(op, x) if *op != UnOp::Not => steps.push((k, Step::Unary(*op, arg(x.0)))),
+                Node::Binary(op, x, y) => steps.push((k, Step::Binary(*op, arg(x.0), arg(y.0)))),
+                _ => return None,
+            }
+        }
+        let outputs = prog.outputs.iter().map(|v| arg(v.0)).collect();
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = std::arch::is_x86_feature_detected!("avx2");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx2 = false;
+        Some(Fused { nodes: prog.nodes.len(), consts, steps, outputs, avx2 })
+    }
+
+    /// Registers for [`Fused::run`], the constants filled in.
+    pub(crate) fn registers(&self) -> Vec<Lanes<T>> {
+        let mut regs = vec![[T::default(); LANES]; self.nodes];
+        for &(k, c) in &self.consts {
+            regs[k] = [c; LANES];
+        }
+        regs
+    }
+
+    /// Evaluates flat indices `start..end` (a multiple of [`LANES`] apart) into `outs`
+    /// (address, element offset) of every output; `streaming` stores with streaming stores.
+    ///
+    /// # Safety
+    /// The door's claims on every operand and destination are held, `start..end` lies in the
+    /// loop, and no other task writes the destinations' elements `start..end`.
+    pub(crate) unsafe fn run(
+        &self,
+        regs: &mut [Lanes<T>],
+        start: usize,
+        end: usize,
+        outs: &[(Ptr, isize)],
+        streaming: bool,
+    ) {
+        debug_assert_eq!((end - start) % LANES, 0);
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            // SAFETY: the caller's contract; the CPU has AVX2.
+            return unsafe { self.run_avx2(regs, start, end, outs, streaming) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.body(regs, start, end, outs, streaming) }
+    }
+
+    /// [`Fused::run`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// As `run`'s, and the CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(&self, regs: &mut [Lanes<T>], start: usize, end: usize, outs: &[(Ptr, isize)], streaming: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { self.body(regs, start, end, outs, streaming) }
+    }
+
+    /// The loop of [`Fused::run`].
+    ///
+    /// # Safety
+    /// As `run`'s.
+    #[inline(always)]
+    unsafe fn body(&self, regs: &mut [Lanes<T>], start: usize, end: usize, outs: &[(Ptr, isize)], streaming: bool) {
+        /// The lanes of `a` at flat index `i`.
+        ///
+        /// # Safety
+        /// As `run`'s; a register argument is one of `done`.
+        #[inline(always)]
+        unsafe fn lanes<T>(done: &[Lanes<T>], a: Arg, i: usize) -> &Lanes<T> {
+            match a {
+                Arg::Reg(j) => &done[j],
+                // SAFETY: a contiguous load holds every flat index of the loop; arrays of `T`
+                // need only `T`'s alignment.
+                Arg::Mem(p) => unsafe { &*p.0.cast::<T>().add(i).cast::<Lanes<T>>() },
+            }
+        }
+        for i in (start..end).step_by(LANES) {
+            for &(k, step) in &self.steps {
+                let (done, rest) = regs.split_at_mut(k);
+                let o = &mut rest[0];
+                // SAFETY: the caller's contract; operands precede their users.
+                unsafe {
+                    match step {
+                        Step::Unary(op, a) => T::unary(op, lanes(done, a, i), o),
+                        Step::Binary(op, a, b) => T::binary(op, lanes(done, a, i), lanes(done, b, i), o),
+                    }
+                }
+            }
+            for (&a, &(p, off)) in self.outputs.iter().zip(outs) {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    let v = lanes(regs, a, i);
+                    let dst = p.0.cast::<T>().offset(off + i as isize);
+                    if streaming {
+                        reg::stream(v, dst);
+                    } else {
+                        std::ptr::copy_nonoverlapping(v.as_ptr(), dst, LANES);
+                    }
+                }
+            }
+        }
+    }
+}
