@@ -4,11 +4,11 @@
 //! makes an MPI-3 shared window (`MPI_Comm_split_type` + `MPI_Win_allocate_shared`) and every
 //! communicator, the world and each `split` of it, runs its collectives through it: the ranks meet
 //! through counters in the window, and data moves by one kernel copy between the user buffers
-//! (cross-memory attach, where the kernel allows it and the host has a CPU for each rank) or else
-//! through double-buffered halves of the window (faster when ranks share CPUs). See the `shm`
-//! module's notes. `NX_MPI_SHM=0` (the same on every rank) keeps every collective on MPI's own
-//! calls; `NX_MPI_CMA=0` or `1` picks the halves or the kernel copy. The window is freed when `run`'s body has returned on every
-//! rank; a failing run aborts without waiting for it. Ranks spread over several hosts use MPI's
+//! (cross-memory attach, where the kernel lets every rank read every peer) or else through
+//! double-buffered halves of the window. See the `shm` module's notes. `NX_MPI_SHM=0` (the same on
+//! every rank) keeps every collective on MPI's own calls; `NX_MPI_CMA=0` keeps to the halves. The
+//! window is freed when `run`'s body has returned on every rank; a failing run aborts without
+//! waiting for it. Ranks spread over several hosts use MPI's
 //! calls (a hierarchical path, shared memory within each host, is not built yet).
 //!
 //! **Otherwise** MPI moves bytes and nx reduces them. A reduce-scatter is an `MPI_Alltoallv` of the blocks
@@ -114,21 +114,6 @@ mod imp {
         }
     }
 
-    /// The CPUs online on this host (`/sys/devices/system/cpu/online`, e.g. `0-1,4`), or what the
-    /// standard library sees where that cannot be read.
-    fn online_cpus() -> usize {
-        let parsed = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|t| {
-            t.trim()
-                .split(',')
-                .map(|r| match r.split_once('-') {
-                    Some((a, b)) => Some(b.parse::<usize>().ok()?.checked_sub(a.parse::<usize>().ok()?)? + 1),
-                    None => r.parse::<usize>().ok().map(|_| 1),
-                })
-                .sum::<Option<usize>>()
-        });
-        parsed.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    }
-
     /// Makes the shared segments of the world's ranks (collective over `world`), or `None` where
     /// they do not all share this host or MPI cannot make the window.
     fn make_node(world: &SimpleCommunicator) -> Option<Rc<Node>> {
@@ -186,13 +171,9 @@ mod imp {
         // prepared before the barrier; at most MAX_RANKS (checked).
         let mut shared = unsafe { Node::new(bases, me, keep) };
         // one kernel copy straight from the peers' buffers where every rank may read every peer
-        // and each rank has a core of its own (oversubscribed, the halves' short cache-resident
-        // rounds measured faster here); `NX_MPI_CMA=1` asks for it anyway, `0` never
-        let allowed = match std::env::var("NX_MPI_CMA").as_deref() {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => n <= online_cpus(),
-        };
+        // (with more ranks than CPUs too: on buffers in huge pages, as nx's arrays are, it
+        // measured ahead of the halves here); `NX_MPI_CMA=0` keeps to the halves
+        let allowed = std::env::var("NX_MPI_CMA").as_deref() != Ok("0");
         let (mine, mut all) = (i32::from(allowed && shared.can_read_peers()), 0i32);
         comm.all_reduce_into(&mine, &mut all, mpi::collective::SystemOperation::min());
         if all == 1 {
@@ -634,9 +615,9 @@ mod imp {
         }
 
         /// How this communicator's collectives move data: `"cross-memory attach"` (one kernel copy
-        /// between the ranks' buffers: where the kernel allows it and each rank of the host has a
-        /// CPU of its own, or `NX_MPI_CMA=1`), `"shared window"` (through the window's halves:
-        /// otherwise, or `NX_MPI_CMA=0`), or `"MPI calls"`.
+        /// between the ranks' buffers, where the kernel lets every rank read every peer),
+        /// `"shared window"` (through the window's halves: otherwise, or `NX_MPI_CMA=0`), or
+        /// `"MPI calls"`.
         pub fn data_path(&self) -> &'static str {
             match &self.shm {
                 Some(s) if s.node().is_direct() => "cross-memory attach",

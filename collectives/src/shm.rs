@@ -18,9 +18,8 @@
 //!
 //! Where the kernel lets every rank read every peer's memory (Linux cross-memory attach,
 //! `process_vm_readv`/`_writev`: same user, ptrace allowed; probed once when the segments are
-//! made, and agreed by all) and the MPI backend chooses it (each rank has a CPU of its own: with
-//! more ranks than CPUs the halves' short rounds, whose data stays in the caches, measured up to
-//! twice as fast), data skips the halves: each rank publishes its buffers' addresses in
+//! made, and agreed by all) and the MPI backend does not forbid it (`NX_MPI_CMA=0`), data skips
+//! the halves: each rank publishes its buffers' addresses in
 //! its control page, the ranks sync, and each moves its share by one kernel copy straight between
 //! the user buffers — all-gather and all-to-all read each peer's block; reduce-scatter reads its
 //! block's terms a chunk at a time and reduces them; all-reduce does the same for its slice and
@@ -61,10 +60,85 @@ const AT_PID: usize = 8;
 const AT_SELF: usize = 16;
 const AT_SLOT: usize = 64;
 const AT_ADDR: usize = 128;
+/// Non-zero while the owner sleeps in a sync (its peers then wake it after raising its counter).
+const AT_SLEEP: usize = 192;
 const AT_COUNTERS: usize = 256;
 const AT_OFFSETS: usize = 4096;
 /// The most ranks one set of segments serves.
 pub(crate) const MAX_RANKS: usize = (4096 - AT_COUNTERS) / 8;
+
+/// Spins of a sync before it yields the CPU.
+const SPINS: u32 = 200;
+/// How long a sync yields before it sleeps: a wake-up from a sleep costs tens of microseconds on
+/// a virtual machine (sleeping after 50 µs slowed 1 MiB all-reduces by a quarter here, and with
+/// more ranks than CPUs all-to-alls by about a tenth), while a yield lets any other runnable rank
+/// have the CPU and otherwise returns at once. A rank that waits longer (on a peer still
+/// computing, say) sleeps, and its peers wake it when they arrive.
+const YIELD_FOR: Duration = Duration::from_millis(100);
+/// The longest single sleep of a sync (it then checks its timeout and sleeps again).
+const NAP: Duration = Duration::from_millis(50);
+
+/// Sleeping and waking on a 32-bit word of shared memory: Linux futexes (not the process-private
+/// kind: the segments are shared between processes), through glibc's `syscall`.
+#[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod futex {
+    use std::sync::atomic::AtomicU64;
+
+    #[cfg(target_arch = "x86_64")]
+    const SYS_FUTEX: std::ffi::c_long = 202;
+    #[cfg(target_arch = "aarch64")]
+    const SYS_FUTEX: std::ffi::c_long = 98;
+    const FUTEX_WAIT: std::ffi::c_long = 0;
+    const FUTEX_WAKE: std::ffi::c_long = 1;
+
+    /// `struct timespec` on 64-bit Linux.
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+
+    unsafe extern "C" {
+        fn syscall(number: std::ffi::c_long, ...) -> std::ffi::c_long;
+    }
+
+    /// The low 32 bits of `w` (a futex word): they change whenever the counter does.
+    fn low(w: &AtomicU64) -> *const u32 {
+        let p = w.as_ptr().cast::<u32>();
+        if cfg!(target_endian = "little") {
+            p
+        } else {
+            p.wrapping_add(1)
+        }
+    }
+
+    /// Sleeps while `w`'s low half is `seen`'s, for at most `nap` (or until woken; spurious
+    /// returns are allowed — the caller checks again).
+    pub(super) fn wait(w: &AtomicU64, seen: u64, nap: std::time::Duration) {
+        let t = Timespec { sec: nap.as_secs() as i64, nsec: i64::from(nap.subsec_nanos()) };
+        // SAFETY: a futex wait on a live, aligned word of shared memory, with a valid timeout;
+        // the kernel only reads the word.
+        unsafe { syscall(SYS_FUTEX, low(w), FUTEX_WAIT, seen as u32, &t as *const Timespec) };
+    }
+
+    /// Wakes every sleeper on `w`.
+    pub(super) fn wake(w: &AtomicU64) {
+        // SAFETY: a futex wake on a live, aligned word; it touches no memory.
+        unsafe { syscall(SYS_FUTEX, low(w), FUTEX_WAKE, i32::MAX) };
+    }
+}
+
+/// Elsewhere: sleeping is a yield.
+#[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+mod futex {
+    use std::sync::atomic::AtomicU64;
+
+    pub(super) fn wait(_: &AtomicU64, _: u64, _: std::time::Duration) {
+        std::thread::yield_now()
+    }
+
+    pub(super) fn wake(_: &AtomicU64) {}
+}
 
 /// Elements a direct reduction reads from each peer at a time.
 const REDUCE_CHUNK: usize = 32 << 10;
@@ -176,6 +250,8 @@ pub(crate) struct Node {
     me: usize,
     /// Syncs begun with each peer.
     begun: Vec<Cell<u64>>,
+    /// How long a sync yields after its spins before it sleeps, and its longest single sleep.
+    waits: (Duration, Duration),
     /// What owns the memory.
     _keep: Box<dyn std::any::Any>,
 }
@@ -211,7 +287,7 @@ impl Node {
         let world = bases.iter().map(|&b| word(b, AT_WORLD) as usize).collect();
         let pids = bases.iter().map(|&b| word(b, AT_PID) as i32).collect();
         let begun = bases.iter().map(|_| Cell::new(0)).collect();
-        Node { bases, world, pids, direct: false, me, begun, _keep: keep }
+        Node { bases, world, pids, direct: false, me, begun, waits: (YIELD_FOR, NAP), _keep: keep }
     }
 
     /// Whether this process may read every peer's memory by cross-memory attach (the kernel
@@ -236,6 +312,12 @@ impl Node {
     /// Whether data moves by cross-memory attach (else through the halves).
     pub(crate) fn is_direct(&self) -> bool {
         self.direct
+    }
+
+    /// Host rank `q`'s sleeping flag.
+    fn sleeping(&self, q: usize) -> &AtomicU64 {
+        // SAFETY: a u64 on its own line of a live, 64-byte aligned control page; accessed atomically.
+        unsafe { &*((self.bases[q] + AT_SLEEP) as *const AtomicU64) }
     }
 
     /// Host rank `q`'s counter of syncs begun with host rank `p`.
@@ -359,7 +441,15 @@ impl Shm {
         for p in peers() {
             let e = node.begun[p].get() + 1;
             node.begun[p].set(e);
-            node.counter(me, p).store(e, Ordering::Release);
+            node.counter(me, p).store(e, Ordering::SeqCst);
+        }
+        // a peer that sleeps waits on the counter just raised: wake it (its flag is set before it
+        // checks the counter a last time, and the counter stored before the flag is read here,
+        // so one of the two sees the other)
+        for p in peers() {
+            if node.sleeping(p).load(Ordering::SeqCst) != 0 {
+                futex::wake(node.counter(me, p));
+            }
         }
         let arrived = |p: usize| node.counter(p, me).load(Ordering::Acquire) >= node.begun[p].get();
         let mut spins = 0u32;
@@ -369,13 +459,25 @@ impl Shm {
                 return Ok(());
             }
             spins += 1;
-            if spins < 200 {
+            if spins < SPINS {
                 std::hint::spin_loop();
                 continue;
             }
-            std::thread::yield_now();
             let since = *start.get_or_insert_with(Instant::now);
-            if spins % 64 == 0 && since.elapsed() >= self.timeout {
+            if since.elapsed() < node.waits.0 {
+                std::thread::yield_now();
+                continue;
+            }
+            if let Some(p) = peers().find(|&p| !arrived(p)) {
+                let word = node.counter(p, me);
+                let seen = word.load(Ordering::SeqCst);
+                node.sleeping(me).store(1, Ordering::SeqCst);
+                if word.load(Ordering::SeqCst) == seen && !arrived(p) {
+                    futex::wait(word, seen, node.waits.1.min(self.timeout));
+                }
+                node.sleeping(me).store(0, Ordering::SeqCst);
+            }
+            if since.elapsed() >= self.timeout {
                 return Err(Error::Timeout {
                     rank: node.world[me],
                     call: call.to_string(),
@@ -522,9 +624,10 @@ impl Shm {
         self.sync(CALL)
     }
 
-    /// The members other than this rank.
+    /// The members other than this rank, from the next one round: at each step every rank
+    /// reads (or writes) a different peer, rather than all the same one.
     fn others(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.size()).filter(move |&q| q != self.rank)
+        (1..self.size()).map(move |k| (self.rank + k) % self.size())
     }
 
     /// Publishes this rank's two buffer addresses for the call (read by the peers after the next
@@ -987,6 +1090,37 @@ mod tests {
                 assert!(g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {me} call {k}");
             }
         }
+    }
+
+    #[test]
+    fn a_sleeping_rank_is_woken_when_its_peer_arrives() {
+        // syncs sleep at once, for up to a minute a sleep: only a wake-up ends one early
+        let (mem, bases) = segments(2, 0);
+        let late = Duration::from_millis(300);
+        let took = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    let (mem, bases) = (&mem, &bases);
+                    s.spawn(move || {
+                        // SAFETY: as `node`'s.
+                        let mut n = unsafe { Node::new(bases.to_vec(), r, Box::new(mem.clone())) };
+                        n.waits = (Duration::ZERO, Duration::from_secs(60));
+                        let s = Shm::new(Rc::new(n), vec![0, 1], Duration::from_secs(120));
+                        let t = Instant::now();
+                        for k in 0..3 {
+                            if r == 1 {
+                                std::thread::sleep(late);
+                            }
+                            s.barrier().unwrap_or_else(|e| panic!("barrier {k}: {e}"));
+                        }
+                        t.elapsed()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank thread")).collect::<Vec<_>>()
+        });
+        // rank 0 slept through three barriers of rank 1's lateness, woken each time
+        assert!(took[0] >= 3 * late && took[0] < Duration::from_secs(30), "{took:?}");
     }
 
     #[test]

@@ -57,6 +57,28 @@ fn copy_bandwidth() -> f64 {
     median(runs)
 }
 
+/// The host's copy bandwidth under MPI, bytes read plus written per second: every rank copies
+/// its share of 256 MiB at once (the faster of `memcpy` and streaming stores), on the CPUs its
+/// binding leaves it, and a run's bandwidth is all the bytes over the slowest rank's time; the
+/// median of 5. (One rank copying alone measures one core's bandwidth where `mpirun` binds each
+/// rank to a core — its default for two ranks — and so overstates every ratio.)
+#[cfg(feature = "mpi")]
+fn mpi_copy_bandwidth<C: Communicator>(c: &C) -> nx::collectives::Result<f64> {
+    let share = (64 << 20) / c.size();
+    let src = vec![1f32; share];
+    let mut dst = vec![0f32; share];
+    let bytes = (2 * 4 * share) as f64;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        c.barrier()?;
+        let seconds = bytes / crate::bench::copy_limit(&src, &mut dst, &|| 0.0);
+        let mut all = vec![0f64; c.size()];
+        c.all_gather(&[seconds], &mut all)?;
+        runs.push(bytes * c.size() as f64 / all.iter().copied().fold(0.0, f64::max));
+    }
+    Ok(median(runs))
+}
+
 /// (size index, op, median seconds) per measurement.
 type Times = Vec<(usize, usize, f64)>;
 
@@ -72,10 +94,32 @@ fn time_ops<C: Communicator>(
     reps: usize,
     plain: Option<Plain<'_>>,
 ) -> nx::collectives::Result<(Times, Times)> {
-    let (n, r) = (c.size(), c.rank());
+    let r = c.rank();
     let max_elems = sizes.last().copied().unwrap_or(0) / 4;
-    let send: Vec<f32> = (0..max_elems).map(|i| (i % 97) as f32 + r as f32).collect();
-    let mut recv = vec![0f32; max_elems];
+    // the buffers as nx allocates its arrays' (huge pages from 4 MiB), for nx and plain MPI alike
+    let invalid = |e: nx::kernels::Error| nx::collectives::Error::Invalid {
+        func: "nx bench collectives",
+        why: format!("cannot allocate the buffers: {e}"),
+    };
+    let dev = nx::Device::sim(0);
+    let send =
+        nx::kernels::Array::<f32>::from_fn(dev, &[max_elems], |i| (i[0] % 97) as f32 + r as f32).map_err(invalid)?;
+    let recv = nx::kernels::Array::<f32>::zeros(dev, &[max_elems]).map_err(invalid)?;
+    send.with_slice(|send| recv.with_slice_mut(|recv| time_ops_on(c, sizes, reps, plain, send, recv)))
+        .map_err(invalid)?
+        .map_err(invalid)?
+}
+
+/// [`time_ops`] on the buffers `send` and `recv`.
+fn time_ops_on<C: Communicator>(
+    c: &C,
+    sizes: &[usize],
+    reps: usize,
+    plain: Option<Plain<'_>>,
+    send: &[f32],
+    recv: &mut [f32],
+) -> nx::collectives::Result<(Times, Times)> {
+    let n = c.size();
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for (si, &bytes) in sizes.iter().enumerate() {
         let elems = bytes / 4;
@@ -129,10 +173,7 @@ fn mpi_times(sizes: &[usize], reps: usize) -> Result<MpiTimes, Error> {
     use nx::collectives::mpi::{self, MpiComm, MpiOptions};
     let opts = MpiOptions { checked: false, timeout: Duration::from_secs(600) };
     Ok(mpi::run(opts, |c: MpiComm| -> nx::collectives::Result<MpiTimes> {
-        // one process copies on all cores while the others wait (they share the memory)
-        c.barrier()?;
-        let bw = if c.rank() == 0 { copy_bandwidth() } else { 0.0 };
-        c.barrier()?;
+        let bw = mpi_copy_bandwidth(&c)?;
         let plain = |op: usize, s: &[f32], r: &mut [f32]| match op {
             0 => c.plain_all_reduce_sum(s, r),
             1 => c.plain_all_gather(s, r),

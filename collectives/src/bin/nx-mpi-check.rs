@@ -7,8 +7,8 @@
 //! `skip` (rank 1 skips a barrier; a 3 s timeout), `skip-unchecked` (the same in unchecked mode,
 //! after a first barrier: the shared-memory path's own watchdog), `checksum` (prints rank 0's bits
 //! of an all-reduce, to compare with the simulated backend's).
-//! `NX_MPI_SHM=0` keeps every collective on MPI's own calls; `NX_MPI_CMA=0` or `1` moves the
-//! shared path's data through the window's halves or by cross-memory attach.
+//! `NX_MPI_SHM=0` keeps every collective on MPI's own calls; `NX_MPI_CMA=0` moves the shared
+//! path's data through the window's halves (else by cross-memory attach, where the kernel allows).
 
 use std::time::Duration;
 
