@@ -114,6 +114,21 @@ mod imp {
         }
     }
 
+    /// The CPUs online on this host (`/sys/devices/system/cpu/online`, e.g. `0-1,4`), or what the
+    /// standard library sees where that cannot be read.
+    fn online_cpus() -> usize {
+        let parsed = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|t| {
+            t.trim()
+                .split(',')
+                .map(|r| match r.split_once('-') {
+                    Some((a, b)) => Some(b.parse::<usize>().ok()?.checked_sub(a.parse::<usize>().ok()?)? + 1),
+                    None => r.parse::<usize>().ok().map(|_| 1),
+                })
+                .sum::<Option<usize>>()
+        });
+        parsed.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
     /// Makes the shared segments of the world's ranks (collective over `world`), or `None` where
     /// they do not all share this host or MPI cannot make the window.
     fn make_node(world: &SimpleCommunicator) -> Option<Rc<Node>> {
@@ -174,6 +189,9 @@ mod imp {
         // (with more ranks than CPUs too: on buffers in huge pages, as nx's arrays are, it
         // measured ahead of the halves here); `NX_MPI_CMA=0` keeps to the halves
         let allowed = std::env::var("NX_MPI_CMA").as_deref() != Ok("0");
+        if n > online_cpus() {
+            shared.shares_cpus();
+        }
         let (mine, mut all) = (i32::from(allowed && shared.can_read_peers()), 0i32);
         comm.all_reduce_into(&mine, &mut all, mpi::collective::SystemOperation::min());
         if all == 1 {
