@@ -452,6 +452,15 @@ impl Shm {
     /// # Errors
     /// [`Error::Timeout`] after the timeout, naming the ranks that did not arrive.
     fn sync(&self, call: &str) -> Result<()> {
+        self.arrive();
+        let all: Vec<usize> = self.others().collect();
+        self.wait_for(call, &all)
+    }
+
+    /// The first half of a [`Shm::sync`]: raises this rank's counter for every peer of the group
+    /// (waking those that sleep). The call must go on to wait for every peer with
+    /// [`Shm::wait_for`] — all at once or one by one, as it needs them — before its next sync.
+    fn arrive(&self) {
         let (node, me) = (&*self.node, self.node.me);
         nx_kernels::host::store_fence();
         let peers = || self.members.iter().copied().filter(move |&p| p != me);
@@ -468,6 +477,15 @@ impl Shm {
                 futex::wake(node.counter(me, p));
             }
         }
+    }
+
+    /// The second half of a [`Shm::sync`] for the members `qs`: waits until each has arrived.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] after the timeout, naming those of `qs` that did not arrive.
+    fn wait_for(&self, call: &str, qs: &[usize]) -> Result<()> {
+        let (node, me) = (&*self.node, self.node.me);
+        let peers = || qs.iter().map(|&q| self.members[q]);
         let arrived = |p: usize| node.counter(p, me).load(Ordering::Acquire) >= node.begun[p].get();
         let mut spins = 0u32;
         let mut start = None;
@@ -545,16 +563,20 @@ impl Shm {
         if !stream && self.size() == 2 {
             // two ranks within the caches: one read of the peer's block, one kernel call
             self.publish([send.as_ptr() as usize, 0]);
-            self.sync(CALL)?;
+            self.arrive();
             // SAFETY: the checked counts put this rank's block inside `recv`.
             unsafe { put(send, recv[offs[me]..].as_mut_ptr(), false) };
             for q in self.others() {
+                self.wait_for(CALL, &[q])?;
                 self.read(CALL, q, self.peer_addr(q, 0), &mut recv[offs[q]..offs[q] + counts[q]])?;
             }
             return self.sync(CALL);
         }
         self.publish([0, recv.as_ptr() as usize]);
-        self.sync(CALL)?;
+        // each peer is written as soon as it has arrived, not once all have
+        self.arrive();
+        let others: Vec<usize> = self.others().collect();
+        let mut waited = false;
         // each rank writes its block into every member's output a piece at a time, so that the
         // piece is read from memory once and then from this core's cache: every byte read once and
         // written once (reading each peer's block reads every block n − 1 times, and one's own
@@ -565,9 +587,17 @@ impl Shm {
             let lo = at + k * PUSH_CHUNK.div_ceil(s);
             // SAFETY: the checked counts put this rank's block inside `recv`.
             unsafe { put(piece, out.add(lo), stream) };
-            for q in self.others() {
+            for &q in &others {
+                if !waited {
+                    self.wait_for(CALL, &[q])?;
+                }
                 self.write(CALL, q, self.peer_addr(q, 1) + lo * s, piece)?;
             }
+            waited = true;
+        }
+        if !waited {
+            // an empty block: the peers are still met
+            self.wait_for(CALL, &others)?;
         }
         self.sync(CALL)
     }
@@ -651,11 +681,13 @@ impl Shm {
             self.offset(me, d).store(o as u64, Ordering::Relaxed);
         }
         self.publish([send.as_ptr() as usize, 0]);
-        self.sync(CALL)?;
+        // each peer is read as soon as it has arrived, not once all have
+        self.arrive();
         let own = &send[soffs[me]..soffs[me] + send_counts[me]];
         // SAFETY: the checked counts put both blocks inside their buffers.
         unsafe { put(own, recv[roffs[me]..].as_mut_ptr(), size_of_val(recv) >= STREAM_MIN) };
         for q in self.others() {
+            self.wait_for(CALL, &[q])?;
             let at = self.peer_addr(q, 0) + self.offset(q, me).load(Ordering::Relaxed) as usize * s;
             self.read(CALL, q, at, &mut recv[roffs[q]..roffs[q] + recv_counts[q]])?;
         }
