@@ -22,13 +22,14 @@
 //! Where the kernel lets every rank read every peer's memory (Linux cross-memory attach,
 //! `process_vm_readv`/`_writev`: same user, ptrace allowed; probed once when the segments are
 //! made, and agreed by all) and the MPI backend does not forbid it (`NX_MPI_CMA=0`), data skips
-//! the halves: each rank publishes its buffers' addresses in
-//! its control page, the ranks sync, and each moves its share by one kernel copy straight between
-//! the user buffers — all-to-all reads each peer's block; all-gather writes each rank's block
-//! into every output a piece at a time (two ranks within the caches read instead); reduce-scatter reads its
-//! block's terms a chunk at a time and reduces them; all-reduce does the same for its slice and
-//! writes each reduced chunk into every member's output (every byte read once and written once,
-//! the memory-traffic floor); a closing sync keeps the buffers alive until the peers are done.
+//! the halves: each rank publishes its buffers' addresses in its control page, the ranks sync (an
+//! all-to-all or all-gather starts on each peer as soon as that one has arrived), and each moves
+//! its share by one kernel copy straight between the user buffers — all-to-all reads each peer's
+//! block; all-gather writes each rank's block into every output a piece at a time (two ranks
+//! within the caches read instead); reduce-scatter reads its block's terms a chunk at a time and
+//! reduces them; all-reduce does the same for its slice and writes each reduced chunk into every
+//! member's output (every byte read once and written once, the memory-traffic floor); a closing
+//! sync keeps the buffers alive until the peers are done.
 //!
 //! Sums add in term order, rank 0 first, through the same reduction as every other backend: the
 //! same bits as `sim` and as MPI's own path. A rank that does not reach a sync within the timeout
