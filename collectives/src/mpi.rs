@@ -412,32 +412,38 @@ mod imp {
             f(slice)
         }
 
-        /// Block r of every rank's `send` (blocks of `counts`), gathered on rank r in rank order,
-        /// then reduced there in rank order into `recv`.
+        /// Block r of every rank's `send` (blocks of `counts`) reduced on rank r in rank order
+        /// into `out` (`counts[r]` elements): the peers' blocks arrive in `blocks` (`counts[r]`
+        /// elements a rank; this rank's own slot stays unused — its block is read from `send`).
         fn exchange_and_reduce<T: Reducible>(
             &self,
             send: &[T],
-            recv: &mut [T],
             counts: &[usize],
+            blocks: &mut [T],
+            out: &mut [T],
             op: ReduceOp,
         ) -> Result<()> {
             const FUNC: &str = "nx_collectives::mpi::reduce_scatter";
-            let n = self.size();
-            let sc = byte_counts::<T>(counts.iter().copied(), FUNC)?;
-            let mine = recv.len();
-            let rc = byte_counts::<T>(std::iter::repeat_n(mine, n), FUNC)?;
-            self.with_scratch::<T, _>(mine * n, |blocks| {
-                {
-                    let (sd, rd) = (displs(&sc), displs(&rc));
-                    let part = Partition::new(bytes(send), &sc[..], &sd[..]);
-                    let mut rpart = PartitionMut::new(bytes_mut(blocks), &rc[..], &rd[..]);
-                    self.comm.all_to_all_varcount_into(&part, &mut rpart);
-                }
-                if mine > 0 {
-                    let terms: Vec<&[T]> = blocks.chunks(mine).take(n).collect();
-                    reduce_into(op, &terms, recv);
-                }
-            });
+            let (n, me, mine) = (self.size(), self.rank(), out.len());
+            // nothing to or from this rank itself: its block is a term in place
+            let own = |q: usize, c: usize| if q == me { 0 } else { c };
+            let sc = byte_counts::<T>(counts.iter().enumerate().map(|(q, &c)| own(q, c)), FUNC)?;
+            let rc = byte_counts::<T>((0..n).map(|q| own(q, mine)), FUNC)?;
+            let sd = displs(&byte_counts::<T>(counts.iter().copied(), FUNC)?);
+            let rd = displs(&byte_counts::<T>(std::iter::repeat_n(mine, n), FUNC)?);
+            {
+                let part = Partition::new(bytes(send), &sc[..], &sd[..]);
+                let mut rpart = PartitionMut::new(bytes_mut(blocks), &rc[..], &rd[..]);
+                self.comm.all_to_all_varcount_into(&part, &mut rpart);
+            }
+            if mine > 0 {
+                let lo = displs(counts)[me];
+                let blocks = &*blocks;
+                let terms: Vec<&[T]> = (0..n)
+                    .map(|q| if q == me { &send[lo..lo + mine] } else { &blocks[q * mine..(q + 1) * mine] })
+                    .collect();
+                reduce_into(op, &terms, out);
+            }
             Ok(())
         }
     }
@@ -497,20 +503,18 @@ mod imp {
             }
             let (n, len) = (self.size(), send.len());
             let counts: Vec<usize> = (0..n).map(|j| (j + 1) * len / n - j * len / n).collect();
-            let lo = self.rank() * len / n;
             let mine = counts[self.rank()];
-            // this rank's chunk of the sum, reduced straight into its place in `recv`
-            self.exchange_and_reduce(send, &mut recv[lo..lo + mine], &counts, op)?;
             let c = byte_counts::<T>(counts.iter().copied(), "nx_collectives::all_reduce")?;
             let d = displs(&c);
-            // MPI_IN_PLACE is what this gather does: the chunk is copied out first (rsmpi takes
-            // separate buffers)
-            self.with_scratch::<T, _>(mine, |chunk| {
-                chunk.copy_from_slice(&recv[lo..lo + mine]);
+            // this rank's chunk of the sum, reduced into scratch memory and gathered from there
+            // into every rank's `recv` (rsmpi has no MPI_IN_PLACE)
+            self.with_scratch::<T, _>(mine * (n + 1), |scratch| {
+                let (blocks, chunk) = scratch.split_at_mut(mine * n);
+                self.exchange_and_reduce(send, &counts, blocks, chunk, op)?;
                 let mut part = PartitionMut::new(bytes_mut(recv), &c[..], &d[..]);
                 self.comm.all_gather_varcount_into(bytes(chunk), &mut part);
-            });
-            Ok(())
+                Ok(())
+            })
         }
 
         #[track_caller]
@@ -527,7 +531,8 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.reduce_scatter_v(send, recv, counts, op);
             }
-            self.exchange_and_reduce(send, recv, counts, op)
+            let n = self.size();
+            self.with_scratch::<T, _>(recv.len() * n, |blocks| self.exchange_and_reduce(send, counts, blocks, recv, op))
         }
 
         #[track_caller]

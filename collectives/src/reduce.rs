@@ -175,24 +175,36 @@ complex_reducible!(Complex64);
 
 /// `out[i] = terms[0][i] op terms[1][i] op …`, in term order, rounded once.
 pub(crate) fn reduce_into<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut [T]) -> bool {
-    const BLOCK: usize = 512;
     let Some(first) = terms.first() else { return true };
     if T::combine(op, first.first().copied().unwrap_or_default().widen(), T::default().widen()).is_none() {
         return false;
     }
+    // one loop per op, the op a constant in each, so that each vectorises
+    match op {
+        ReduceOp::Sum => fold(terms, out, |a, b| T::combine(ReduceOp::Sum, a, b).unwrap_or(a)),
+        ReduceOp::Prod => fold(terms, out, |a, b| T::combine(ReduceOp::Prod, a, b).unwrap_or(a)),
+        ReduceOp::Max => fold(terms, out, |a, b| T::combine(ReduceOp::Max, a, b).unwrap_or(a)),
+        ReduceOp::Min => fold(terms, out, |a, b| T::combine(ReduceOp::Min, a, b).unwrap_or(a)),
+    }
+    true
+}
+
+/// `out[i] = f(…f(f(terms[0][i], terms[1][i]), terms[2][i])…)` in the carrier, a block at a time.
+#[inline(always)]
+fn fold<T: Reducible>(terms: &[&[T]], out: &mut [T], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
+    const BLOCK: usize = 512;
     let mut acc: Vec<T::Acc> = Vec::with_capacity(BLOCK);
     for start in (0..out.len()).step_by(BLOCK) {
         let end = (start + BLOCK).min(out.len());
         acc.clear();
-        acc.extend(first[start..end].iter().map(|x| x.widen()));
+        acc.extend(terms[0][start..end].iter().map(|x| x.widen()));
         for t in &terms[1..] {
             for (a, x) in acc.iter_mut().zip(&t[start..end]) {
-                *a = T::combine(op, *a, x.widen()).expect("checked above");
+                *a = f(*a, x.widen());
             }
         }
         for (o, a) in out[start..end].iter_mut().zip(&acc) {
             *o = T::narrow(*a);
         }
     }
-    true
 }
