@@ -437,7 +437,7 @@ mod imp {
                 self.comm.all_to_all_varcount_into(&part, &mut rpart);
             }
             if mine > 0 {
-                let lo = displs(counts)[me];
+                let lo: usize = counts[..me].iter().sum();
                 let blocks = &*blocks;
                 let terms: Vec<&[T]> = (0..n)
                     .map(|q| if q == me { &send[lo..lo + mine] } else { &blocks[q * mine..(q + 1) * mine] })

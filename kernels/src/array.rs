@@ -312,27 +312,16 @@ impl<T: Element> Array<T> {
     /// # Errors
     /// [`Error::Invalid`] where the array is not C-contiguous; as [`Array::to_vec`].
     pub fn with_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-        if !self.layout.is_contiguous() {
-            return Err(Error::Invalid {
-                func: "nx_kernels::Array::with_slice",
-                why: format!("the layout {:?} is not C-contiguous", self.layout),
-            });
-        }
+        const FUNC: &str = "nx_kernels::Array::with_slice";
+        self.contiguous(FUNC)?;
         let r = door(&[], &[self], || {
-            let (base, size) = (self.base(), T::DTYPE.size());
             // SAFETY: the door holds a shared claim on live host memory; a C-contiguous layout
             // holds numel elements from its offset inside the buffer (checked by `new`), aligned
             // (64-byte base, offsets in whole elements); nx's elements are plain data, and the
             // buffer holds values of T written through T's own stores.
-            let s = unsafe {
-                std::slice::from_raw_parts(
-                    base.offset(self.layout.offset() * size as isize).cast::<T>(),
-                    self.layout.numel(),
-                )
-            };
-            f(s)
+            f(unsafe { std::slice::from_raw_parts(self.first(), self.layout.numel()) })
         });
-        raise("nx_kernels::Array::with_slice", r, &[self])
+        raise(FUNC, r, &[self])
     }
 
     /// Calls `f` with the elements of this C-contiguous array where they lie, to change them,
@@ -343,25 +332,27 @@ impl<T: Element> Array<T> {
     /// [`Error::Invalid`] where the array is not C-contiguous; [`Error::Refused`] for a dead or
     /// read-only buffer, memory held by another claim, or memory off the host.
     pub fn with_slice_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-        if !self.layout.is_contiguous() {
-            return Err(Error::Invalid {
-                func: "nx_kernels::Array::with_slice_mut",
-                why: format!("the layout {:?} is not C-contiguous", self.layout),
-            });
-        }
+        const FUNC: &str = "nx_kernels::Array::with_slice_mut";
+        self.contiguous(FUNC)?;
         let r = door(&[self], &[], || {
-            let (base, size) = (self.base(), T::DTYPE.size());
             // SAFETY: as `with_slice`, with the door's exclusive claim ruling out every other
             // access to the memory while `f` runs; any value `f` stores is one of T's.
-            let s = unsafe {
-                std::slice::from_raw_parts_mut(
-                    base.offset(self.layout.offset() * size as isize).cast::<T>(),
-                    self.layout.numel(),
-                )
-            };
-            f(s)
+            f(unsafe { std::slice::from_raw_parts_mut(self.first(), self.layout.numel()) })
         });
-        raise("nx_kernels::Array::with_slice_mut", r, &[self])
+        raise(FUNC, r, &[self])
+    }
+
+    /// `Ok` for a C-contiguous array; else the refusal of `func`.
+    fn contiguous(&self, func: &'static str) -> Result<()> {
+        if self.layout.is_contiguous() {
+            return Ok(());
+        }
+        Err(Error::Invalid { func, why: format!("the layout {:?} is not C-contiguous", self.layout) })
+    }
+
+    /// The address of the element at the layout's offset (dereferenced only under a claim).
+    fn first(&self) -> *mut T {
+        self.base().wrapping_offset(self.layout.offset() * T::DTYPE.size() as isize).cast::<T>()
     }
 
     /// The element at `index`.

@@ -21,7 +21,7 @@ pub(crate) type Lanes<T> = [T; LANES];
 
 /// A float type the fused evaluator runs.
 pub(crate) trait Float: Copy + Default + Send + Sync + 'static {
-    /// Its dtype and compute type.
+    /// Its dtype.
     const DTYPE: Dtype;
     /// Its compute type.
     const TY: Ty;
