@@ -607,6 +607,18 @@ fn sums_follow_the_documented_association_exactly() {
             let all = Array::<f32>::zeros(DEV, &[]).unwrap();
             assert_eq!(reduce1(&host, Reduction::Sum, &x, &[0], &[&all]), Answer::Done);
             assert_eq!(all.get(&[]).unwrap().to_bits(), documented_sum(&xs).to_bits(), "alone, {n}");
+            // rows summed in parallel, each row's chunks typed in one run (more rows than 2 threads)
+            if n <= 2048 * 37 + 5 {
+                let rows = 7;
+                let m: Vec<f32> = (0..rows * n).map(|k| val(k * 7 % 10009) * 1.0e3).collect();
+                let a = Array::<f32>::from_vec(DEV, &[rows, n], m.clone()).unwrap();
+                let out = Array::<f32>::zeros(DEV, &[rows]).unwrap();
+                assert_eq!(reduce1(&host, Reduction::Sum, &a, &[1], &[&out]), Answer::Done);
+                for (r, got) in out.to_vec().unwrap().into_iter().enumerate() {
+                    let want = documented_sum(&m[r * n..(r + 1) * n]);
+                    assert_eq!(got.to_bits(), want.to_bits(), "row {r} of {rows}x{n}, {threads} threads");
+                }
+            }
         }
     }
 }

@@ -179,6 +179,12 @@ impl<'p> Bound<'p> {
         self.view(regs, self.prog.outputs[i].0, start, len)
     }
 
+    /// Whether output `i` is an operand read in place: [`Bound::output`] holds its values at any
+    /// flat indices without [`Bound::eval`].
+    pub(crate) fn in_place(&self, i: usize) -> bool {
+        self.direct[self.prog.outputs[i].0]
+    }
+
     /// The compute type of output `i`.
     pub(crate) fn output_ty(&self, i: usize) -> Ty {
         self.prog.ty(self.prog.outputs[i])

@@ -32,11 +32,14 @@
 //!   the lanes as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`; a `Prod` chunk multiplies left to right
 //!   from its first term; chunks combine by a pairwise tree (the first ⌈p/2⌉ rounded up to a power
 //!   of two, then the rest). A task combines the partials of 16 aligned chunks before they leave
-//!   it — the tree splits only at multiples of 16, so this is the same tree. `Logsumexp` keeps per chunk the maximum m and Σ exp(x − m) in `f64`
-//!   and combines by rescaling; `Moments` keeps per chunk the count, the mean and the sum of squared
-//!   deviations (two passes over the chunk, in `f64`) and combines by Chan's formula, so the
-//!   variance is a sum of non-negative terms: never negative. Nothing depends on the thread count:
-//!   the same bits with 1, 2 or 64 threads.
+//!   it — the tree splits only at multiples of 16, so this is the same tree. A lone `Sum` of an
+//!   operand read in place sums its chunks straight from memory, typed, with the chunk loop
+//!   compiled for AVX2 where the CPU has it (the same additions in the same order: the same bits;
+//!   twice the cache lines in flight as SSE2's loads). `Logsumexp` keeps per chunk the maximum m
+//!   and Σ exp(x − m) in `f64` and combines by rescaling; `Moments` keeps per chunk the count,
+//!   the mean and the sum of squared deviations (two passes over the chunk, in `f64`) and combines
+//!   by Chan's formula, so the variance is a sum of non-negative terms: never negative. Nothing
+//!   depends on the thread count: the same bits with 1, 2 or 64 threads.
 //! - **Contractions** permute each operand to (batch, free, contracting) as a view, or copy it
 //!   when no view exists, and call `faer`'s matrix product per batch: one batch on every thread of
 //!   the pool, many batches one thread each. faer blocks the contracting axis by cache sizes alone,

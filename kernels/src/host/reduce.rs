@@ -37,6 +37,7 @@ macro_rules! float_term {
         impl Term for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
+            #[inline(always)]
             fn add(self, o: Self) -> Self {
                 self + o
             }
@@ -210,7 +211,32 @@ enum Partial<T> {
     Mom { n: f64, mean: f64, m2: f64, pinf: bool, ninf: bool, nan: bool },
 }
 
+/// The sum of a chunk in its documented association (8 lanes, each in order, then a fixed tree);
+/// where the CPU has AVX2 the same loop compiled for it: the same additions in the same order, so
+/// the same bits, with half the load instructions, which keeps twice the cache lines in flight
+/// (a sum over memory ran at 0.68 of the copy bandwidth compiled for SSE2, 0.80–0.87 for AVX2).
 fn sum_chunk<T: Term>(xs: &[T]) -> T {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { sum_chunk_avx2(xs) };
+    }
+    sum_lanes(xs)
+}
+
+/// [`sum_chunk`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_chunk_avx2<T: Term>(xs: &[T]) -> T {
+    sum_lanes(xs)
+}
+
+/// The loop of [`sum_chunk`].
+#[inline(always)]
+fn sum_lanes<T: Term>(xs: &[T]) -> T {
     let mut l = [T::ZERO; 8];
     let mut it = xs.chunks_exact(8);
     for c in &mut it {
@@ -405,6 +431,36 @@ fn chunks_any(r: Reduction, src: Src<'_>, base: i64, out: &mut Vec<AnyPartial>) 
         Src::D(v) => go!(D, v),
         Src::C(v) => go!(C, v),
         Src::Z(v) => go!(Z, v),
+    }
+}
+
+/// The sum of `xs` as a run of whole chunks from a chunk boundary (the last may be shorter): each
+/// chunk summed, the chunks' partials combined by the pairwise tree, all typed. The same bits as
+/// [`chunks_any`] then [`tree_any`], without a dispatch per chunk.
+fn sum_run<T: Term>(xs: &[T]) -> Partial<T> {
+    const STACK: usize = 64;
+    let k = xs.len().div_ceil(CHUNK);
+    let mut parts = xs.chunks(CHUNK).map(|c| Partial::Sum(sum_chunk(c)));
+    if k <= STACK {
+        let mut ps = [Partial::Sum(T::ZERO); STACK];
+        ps.iter_mut().zip(&mut parts).for_each(|(p, q)| *p = q);
+        tree(Reduction::Sum, &ps[..k])
+    } else {
+        tree(Reduction::Sum, &parts.collect::<Vec<_>>())
+    }
+    .unwrap_or(Partial::Sum(T::ZERO))
+}
+
+/// [`sum_run`] of any term type.
+fn sum_run_any(src: Src<'_>) -> AnyPartial {
+    match src {
+        Src::B(v) => AnyPartial::B(sum_run(v)),
+        Src::I(v) => AnyPartial::I(sum_run(v)),
+        Src::U(v) => AnyPartial::U(sum_run(v)),
+        Src::F(v) => AnyPartial::F(sum_run(v)),
+        Src::D(v) => AnyPartial::D(sum_run(v)),
+        Src::C(v) => AnyPartial::C(sum_run(v)),
+        Src::Z(v) => AnyPartial::Z(sum_run(v)),
     }
 }
 
@@ -620,7 +676,14 @@ pub(crate) fn reduce(
             let chunks = terms.div_ceil(CHUNK);
             let groups = chunks.div_ceil(GROUP);
             let span = |g: usize| (g * GROUP, ((g + 1) * GROUP).min(chunks));
-            if outputs >= 2 * rayon::current_num_threads() {
+            // one plain sum of an operand read in place: typed runs of chunks, no evaluation
+            let plain_sum = reductions == [Reduction::Sum] && bound.in_place(0);
+            if outputs >= 2 * rayon::current_num_threads() && plain_sum {
+                // SAFETY: the door holds the claims; this task writes output o alone.
+                (0..outputs).into_par_iter().for_each(|o| unsafe {
+                    job.write(o, &[sum_run_any(bound.output(&[], 0, o * terms, terms))]);
+                });
+            } else if outputs >= 2 * rayon::current_num_threads() {
                 (0..outputs).into_par_iter().for_each_init(
                     || (bound.registers(CHUNK * GROUP), Vec::with_capacity(chunks * reductions.len())),
                     // SAFETY: the door holds the claims; this task writes output o alone.
@@ -644,8 +707,13 @@ pub(crate) fn reduce(
                         || (bound.registers(CHUNK * GROUP), Vec::with_capacity(BLOCK_CHUNKS * n)),
                         // SAFETY: the door holds the claims; chunks only read.
                         |(regs, out), (b, slots)| unsafe {
-                            out.clear();
                             let end = ((b + 1) * BLOCK_CHUNKS).min(chunks);
+                            if plain_sum {
+                                let (lo, hi) = (b * BLOCK_CHUNKS * CHUNK, (end * CHUNK).min(terms));
+                                slots[0] = sum_run_any(bound.output(&[], 0, o * terms + lo, hi - lo));
+                                return;
+                            }
+                            out.clear();
                             for j0 in (b * BLOCK_CHUNKS..end).step_by(GROUP) {
                                 job.chunks(regs, o, j0, (j0 + GROUP).min(end), out);
                             }
