@@ -179,14 +179,36 @@ pub(crate) fn reduce_into<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut 
     if T::combine(op, first.first().copied().unwrap_or_default().widen(), T::default().widen()).is_none() {
         return false;
     }
-    // one loop per op, the op a constant in each, so that each vectorises
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        unsafe { fold_op_avx2(op, terms, out) };
+        return true;
+    }
+    fold_op(op, terms, out);
+    true
+}
+
+/// [`fold_op`] compiled for AVX2: the same operations in the same order (the same bits), with
+/// half the load instructions, which keeps twice the cache lines in flight.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fold_op_avx2<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut [T]) {
+    fold_op(op, terms, out)
+}
+
+/// One loop per op, the op a constant in each, so that each vectorises.
+#[inline(always)]
+fn fold_op<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut [T]) {
     match op {
         ReduceOp::Sum => fold(terms, out, |a, b| T::combine(ReduceOp::Sum, a, b).unwrap_or(a)),
         ReduceOp::Prod => fold(terms, out, |a, b| T::combine(ReduceOp::Prod, a, b).unwrap_or(a)),
         ReduceOp::Max => fold(terms, out, |a, b| T::combine(ReduceOp::Max, a, b).unwrap_or(a)),
         ReduceOp::Min => fold(terms, out, |a, b| T::combine(ReduceOp::Min, a, b).unwrap_or(a)),
     }
-    true
 }
 
 /// `out[i] = f(…f(f(terms[0][i], terms[1][i]), terms[2][i])…)` in the carrier, a block at a time.
