@@ -283,7 +283,12 @@ fn plain_sum(c: &[f32]) -> f32 {
     #[inline(always)]
     fn lanes(c: &[f32]) -> f32 {
         let mut l = [0f32; 8];
-        c.chunks_exact(8).for_each(|v| (0..8).for_each(|k| l[k] += v[k]));
+        // plain `for` loops: an iterator adapter's closure would not inherit the AVX2 feature
+        for v in c.chunks_exact(8) {
+            for k in 0..8 {
+                l[k] += v[k];
+            }
+        }
         l.iter().sum::<f32>()
     }
     /// `lanes` compiled for AVX2.

@@ -553,14 +553,43 @@ impl Job<'_> {
     unsafe fn write(&self, o: usize, flat: &[AnyPartial]) {
         let n = self.reductions.len();
         for (i, &r) in self.reductions.iter().enumerate() {
-            let (v, w) = finish_any(r, self.bound.output_ty(i), flat.iter().skip(i).step_by(n).copied());
-            let dsts = &self.outs[i];
+            let vw = finish_any(r, self.bound.output_ty(i), flat.iter().skip(i).step_by(n).copied());
             // SAFETY: the caller's contract.
-            unsafe {
-                store_value(dsts[0].2, dsts[0].0, dsts[0].1 + o as isize, v);
-                if let (Some(w), Some(&(p, off, d))) = (w, dsts.get(1)) {
-                    store_value(d, p, off + o as isize, w);
-                }
+            unsafe { self.store(i, o, vw) };
+        }
+    }
+
+    /// Finishes output `o` of the only reduction from its one partial (over all its terms) and
+    /// writes it.
+    ///
+    /// # Safety
+    /// As [`Job::write`]'s.
+    unsafe fn write_one(&self, o: usize, p: AnyPartial) {
+        let r = self.reductions[0];
+        let vw = match p {
+            AnyPartial::B(p) => finish(r, Some(p)),
+            AnyPartial::I(p) => finish(r, Some(p)),
+            AnyPartial::U(p) => finish(r, Some(p)),
+            AnyPartial::F(p) => finish(r, Some(p)),
+            AnyPartial::D(p) => finish(r, Some(p)),
+            AnyPartial::C(p) => finish(r, Some(p)),
+            AnyPartial::Z(p) => finish(r, Some(p)),
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.store(0, o, vw) };
+    }
+
+    /// Writes reduction `i`'s result values into its destinations at output `o`.
+    ///
+    /// # Safety
+    /// As [`Job::write`]'s.
+    unsafe fn store(&self, i: usize, o: usize, (v, w): (Value, Option<Value>)) {
+        let dsts = &self.outs[i];
+        // SAFETY: the caller's contract.
+        unsafe {
+            store_value(dsts[0].2, dsts[0].0, dsts[0].1 + o as isize, v);
+            if let (Some(w), Some(&(p, off, d))) = (w, dsts.get(1)) {
+                store_value(d, p, off + o as isize, w);
             }
         }
     }
@@ -681,7 +710,7 @@ pub(crate) fn reduce(
             if outputs >= 2 * rayon::current_num_threads() && plain_sum {
                 // SAFETY: the door holds the claims; this task writes output o alone.
                 (0..outputs).into_par_iter().for_each(|o| unsafe {
-                    job.write(o, &[sum_run_any(bound.output(&[], 0, o * terms, terms))]);
+                    job.write_one(o, sum_run_any(bound.output(&[], 0, o * terms, terms)));
                 });
             } else if outputs >= 2 * rayon::current_num_threads() {
                 (0..outputs).into_par_iter().for_each_init(
@@ -702,17 +731,22 @@ pub(crate) fn reduce(
                 let n = reductions.len();
                 let blocks = chunks.div_ceil(BLOCK_CHUNKS);
                 let mut ps = vec![AnyPartial::B(Partial::Sum(false)); blocks * n];
+                let block_terms = BLOCK_CHUNKS * CHUNK;
                 for o in 0..outputs {
+                    if plain_sum {
+                        ps.par_iter_mut().with_min_len(2).enumerate().for_each(|(b, slot)| {
+                            let (lo, hi) = (b * block_terms, ((b + 1) * block_terms).min(terms));
+                            *slot = sum_run_any(bound.output(&[], 0, o * terms + lo, hi - lo));
+                        });
+                        // SAFETY: the door holds the claims; output o is written once.
+                        unsafe { job.write(o, &ps) };
+                        continue;
+                    }
                     ps.par_chunks_mut(n).with_min_len(2).enumerate().for_each_init(
                         || (bound.registers(CHUNK * GROUP), Vec::with_capacity(BLOCK_CHUNKS * n)),
                         // SAFETY: the door holds the claims; chunks only read.
                         |(regs, out), (b, slots)| unsafe {
                             let end = ((b + 1) * BLOCK_CHUNKS).min(chunks);
-                            if plain_sum {
-                                let (lo, hi) = (b * BLOCK_CHUNKS * CHUNK, (end * CHUNK).min(terms));
-                                slots[0] = sum_run_any(bound.output(&[], 0, o * terms + lo, hi - lo));
-                                return;
-                            }
                             out.clear();
                             for j0 in (b * BLOCK_CHUNKS..end).step_by(GROUP) {
                                 job.chunks(regs, o, j0, (j0 + GROUP).min(end), out);
