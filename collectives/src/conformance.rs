@@ -106,7 +106,51 @@ pub fn suite<C: Communicator>(c: &C) -> Result<()> {
     }
     c.barrier()?;
     c.all_reduce::<f32>(&[], &mut [], ReduceOp::Sum)?;
+    large(c)?;
     places(c)
+}
+
+/// Collectives of several MiB, uneven: past every chunk, push piece, window half and the size
+/// from which the shared paths store with streaming stores.
+fn large<C: Communicator>(c: &C) -> Result<()> {
+    let (n, r) = (c.size(), c.rank());
+    let len = 1_200_007;
+    let inputs: Vec<Vec<f32>> = (0..n).map(|q| input(q, len)).collect();
+    let sum = |i: usize| (1..n).fold(inputs[0][i], |acc, q| acc + inputs[q][i]);
+    let mut got = vec![0f32; len];
+    c.all_reduce(&inputs[r], &mut got, ReduceOp::Sum)?;
+    let want: Vec<f32> = (0..len).map(sum).collect();
+    check("large all_reduce", r, &first_difference(&got, &want), &None)?;
+    // reduce-scatter: rank 0 keeps most of it (its block past the streaming size)
+    let counts: Vec<usize> = (0..n).map(|q| if q == 0 { len - (n - 1) * 33_001 } else { 33_001 }).collect();
+    let off: usize = counts[..r].iter().sum();
+    let mut part = vec![0f32; counts[r]];
+    c.reduce_scatter_v(&inputs[r], &mut part, &counts, ReduceOp::Sum)?;
+    let want: Vec<f32> = (off..off + counts[r]).map(sum).collect();
+    check("large reduce_scatter", r, &first_difference(&part, &want), &None)?;
+    // all-gather: rank q sends 300_001 + q elements
+    let counts: Vec<usize> = (0..n).map(|q| 300_001 + q).collect();
+    let mut all = vec![0f32; counts.iter().sum()];
+    c.all_gather_v(&inputs[r][..counts[r]], &mut all, &counts)?;
+    let want: Vec<f32> = (0..n).flat_map(|q| inputs[q][..counts[q]].iter().copied()).collect();
+    check("large all_gather", r, &first_difference(&all, &want), &None)?;
+    // all-to-all: rank q sends 200_003 + q + j elements to rank j, from offset 7 * j of its input
+    let block = |q: usize, j: usize| &inputs[q][7 * j..7 * j + 200_003 + q + j];
+    let send: Vec<f32> = (0..n).flat_map(|j| block(r, j).iter().copied()).collect();
+    let send_counts: Vec<usize> = (0..n).map(|j| block(r, j).len()).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|q| block(q, r).len()).collect();
+    let mut recv = vec![0f32; recv_counts.iter().sum()];
+    c.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
+    let want: Vec<f32> = (0..n).flat_map(|q| block(q, r).iter().copied()).collect();
+    check("large all_to_all", r, &first_difference(&recv, &want), &None)
+}
+
+/// The first index where `got` and `want` differ in bits (or in length), with both values.
+fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
+    if got.len() != want.len() {
+        return Some((got.len().min(want.len()), f32::NAN, f32::NAN));
+    }
+    got.iter().zip(want).position(|(a, b)| a.to_bits() != b.to_bits()).map(|i| (i, got[i], want[i]))
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -622,12 +622,7 @@ impl Shm {
         self.publish([send.as_ptr() as usize, 0]);
         self.sync(CALL)?;
         let stream = size_of_val(recv) >= STREAM_MIN;
-        let out = recv.as_mut_ptr();
-        self.reduce_direct(CALL, send, (offs[self.rank], recv.len()), op, |lo, block| {
-            // SAFETY: lo + block.len() <= recv.len(); `recv` is this rank's own.
-            unsafe { put(block, out.add(lo), stream) };
-            Ok(())
-        })?;
+        self.reduce_direct(CALL, send, offs[self.rank], (recv, stream), op, |_, _| Ok(()))?;
         self.sync(CALL)
     }
 
@@ -648,10 +643,8 @@ impl Shm {
         self.publish([send.as_ptr() as usize, recv.as_ptr() as usize]);
         self.sync(CALL)?;
         let (s, stream) = (size_of::<T>(), size_of_val(recv) >= STREAM_MIN);
-        let out = recv.as_mut_ptr();
-        self.reduce_direct(CALL, send, (offs[me], counts[me]), op, |lo, block| {
-            // SAFETY: offs[me] + lo + block.len() <= recv.len(); `recv` is this rank's own.
-            unsafe { put(block, out.add(offs[me] + lo), stream) };
+        let own = &mut recv[offs[me]..offs[me] + counts[me]];
+        self.reduce_direct(CALL, send, offs[me], (own, stream), op, |lo, block| {
             for q in self.others() {
                 self.write(CALL, q, self.peer_addr(q, 1) + (offs[me] + lo) * s, block)?;
             }
@@ -713,37 +706,53 @@ impl Shm {
         self.addr(q, i).load(Ordering::Relaxed) as usize
     }
 
-    /// Elements `at..at + len` of every member's published `send` (this rank's own read in
-    /// place), reduced in rank order a chunk at a time; each reduced chunk goes to
-    /// `sink(offset in the run, chunk)`.
+    /// Elements `at..at + out.len()` of every member's published `send` (this rank's own read
+    /// in place), reduced in rank order into `out` a chunk at a time; after each chunk,
+    /// `then(offset in out, reduced chunk)`. Without `stream` the chunks are reduced straight
+    /// into `out` (where `then` finds them in the caches); with it, into a scratch chunk stored
+    /// into `out` with streaming stores.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] where a peer cannot be read; the sink's errors.
+    /// [`Error::PeerGone`] where a peer cannot be read; `then`'s errors.
     fn reduce_direct<T: Reducible>(
         &self,
         call: &str,
         send: &[T],
-        (at, len): (usize, usize),
+        at: usize,
+        (out, stream): (&mut [T], bool),
         op: ReduceOp,
-        mut sink: impl FnMut(usize, &[T]) -> Result<()>,
+        mut then: impl FnMut(usize, &[T]) -> Result<()>,
     ) -> Result<()> {
-        let (n, me, s) = (self.size(), self.rank, size_of::<T>());
+        let (n, me, s, len) = (self.size(), self.rank, size_of::<T>(), out.len());
         let chunk = REDUCE_CHUNK.min(len).max(1);
-        let mut scratch = vec![T::default(); chunk * (n + 1)];
-        let (terms_buf, block) = scratch.split_at_mut(chunk * n);
+        // the peers' terms (n - 1 chunks), and a chunk to reduce into where storing streams
+        let mut scratch = vec![T::default(); chunk * (n - 1 + usize::from(stream))];
+        let (peers, block) = scratch.split_at_mut(chunk * (n - 1));
         for lo in (0..len).step_by(chunk) {
             let m = chunk.min(len - lo);
-            for (q, buf) in terms_buf.chunks_mut(chunk).enumerate() {
-                if q != me {
-                    self.read(call, q, self.peer_addr(q, 0) + (at + lo) * s, &mut buf[..m])?;
+            let mut bufs = peers.chunks_mut(chunk);
+            let mut terms: Vec<&[T]> = Vec::with_capacity(n);
+            for q in 0..n {
+                if q == me {
+                    terms.push(&send[at + lo..at + lo + m]);
+                } else {
+                    let buf = &mut bufs.next().expect("a chunk for each peer")[..m];
+                    self.read(call, q, self.peer_addr(q, 0) + (at + lo) * s, buf)?;
+                    terms.push(buf);
                 }
             }
-            let terms: Vec<&[T]> = (0..n)
-                .map(|q| if q == me { &send[at + lo..at + lo + m] } else { &terms_buf[q * chunk..q * chunk + m] })
-                .collect();
-            let done = reduce_into(op, &terms, &mut block[..m]);
-            debug_assert!(done, "the op was checked for the dtype");
-            sink(lo, &block[..m])?;
+            let dst = &mut out[lo..lo + m];
+            if stream {
+                let done = reduce_into(op, &terms, &mut block[..m]);
+                debug_assert!(done, "the op was checked for the dtype");
+                // SAFETY: `dst` holds m elements, this rank's own.
+                unsafe { put(&block[..m], dst.as_mut_ptr(), true) };
+                then(lo, &block[..m])?;
+            } else {
+                let done = reduce_into(op, &terms, dst);
+                debug_assert!(done, "the op was checked for the dtype");
+                then(lo, dst)?;
+            }
         }
         Ok(())
     }

@@ -19,7 +19,8 @@ pub struct CollectiveArgs {
     /// The largest size, in bytes (sizes go from 4 KiB by factors of 4).
     #[arg(long, default_value_t = 256 << 20)]
     max_bytes: usize,
-    /// Timed runs at each size (the median is reported).
+    /// Timed runs at each size (the median is reported); sizes up to 4 MiB run at least 21
+    /// times (cheap, and the noisiest).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
     /// One JSON object per line.
@@ -111,6 +112,11 @@ fn time_ops<C: Communicator>(
 }
 
 /// [`time_ops`] on the buffers `send` and `recv`.
+/// Sizes up to this many bytes are timed at least [`SMALL_REPEATS`] times.
+const SMALL: usize = 4 << 20;
+/// The least number of timed runs of a size up to [`SMALL`].
+const SMALL_REPEATS: usize = 21;
+
 fn time_ops_on<C: Communicator>(
     c: &C,
     sizes: &[usize],
@@ -126,6 +132,7 @@ fn time_ops_on<C: Communicator>(
         let per = elems / n;
         for op in 0..4 {
             let (mut ts, mut ps) = (Vec::new(), Vec::new());
+            let reps = if bytes <= SMALL { reps.max(SMALL_REPEATS) } else { reps };
             for rep in 0..=reps {
                 let (s, rv): (&[f32], &mut [f32]) = match op {
                     0 => (&send[..elems], &mut recv[..elems]),
@@ -255,8 +262,11 @@ pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
         return Ok(lines.join("\n"));
     }
     let mut text = format!(
-        "collectives on the {backend} backend, {n} ranks; copy bandwidth {:.1} GB/s (read + written); medians of {reps} runs\n",
-        bw / 1e9
+        "collectives on the {backend} backend, {n} ranks; copy bandwidth {:.1} GB/s (read + written); medians of {reps} runs \
+         ({} up to {} MiB)\n",
+        bw / 1e9,
+        reps.max(SMALL_REPEATS),
+        SMALL >> 20
     );
     let extra = if plain.is_some() { format!(" {:>14} {:>9}", "plain MPI(us)", "vs plain") } else { String::new() };
     for (k, name) in names.iter().enumerate() {
