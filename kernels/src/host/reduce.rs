@@ -337,12 +337,17 @@ fn combine<T: Term>(r: Reduction, a: Partial<T>, b: Partial<T>) -> Partial<T> {
 /// Combines partials in the fixed pairwise tree: the first half rounded up to a power of two, then
 /// the rest.
 fn tree<T: Term>(r: Reduction, ps: &[Partial<T>]) -> Option<Partial<T>> {
+    tree_by(ps, &|a, b| combine(r, a, b))
+}
+
+/// The pairwise tree of [`tree`] over any values, combined by `f`; `None` for no value.
+fn tree_by<P: Copy>(ps: &[P], f: &impl Fn(P, P) -> P) -> Option<P> {
     match ps.len() {
         0 => None,
         1 => Some(ps[0]),
         n => {
             let h = n.next_power_of_two() / 2;
-            Some(combine(r, tree(r, &ps[..h])?, tree(r, &ps[h..])?))
+            Some(f(tree_by(&ps[..h], f)?, tree_by(&ps[h..], f)?))
         }
     }
 }
@@ -440,15 +445,18 @@ fn chunks_any(r: Reduction, src: Src<'_>, base: i64, out: &mut Vec<AnyPartial>) 
 fn sum_run<T: Term>(xs: &[T]) -> Partial<T> {
     const STACK: usize = 64;
     let k = xs.len().div_ceil(CHUNK);
-    let mut parts = xs.chunks(CHUNK).map(|c| Partial::Sum(sum_chunk(c)));
-    if k <= STACK {
-        let mut ps = [Partial::Sum(T::ZERO); STACK];
-        ps.iter_mut().zip(&mut parts).for_each(|(p, q)| *p = q);
-        tree(Reduction::Sum, &ps[..k])
-    } else {
-        tree(Reduction::Sum, &parts.collect::<Vec<_>>())
-    }
-    .unwrap_or(Partial::Sum(T::ZERO))
+    let mut sums = xs.chunks(CHUNK).map(sum_chunk);
+    let add = |a: T, b: T| a.add(b);
+    Partial::Sum(
+        if k <= STACK {
+            let mut ps = [T::ZERO; STACK];
+            ps.iter_mut().zip(&mut sums).for_each(|(p, q)| *p = q);
+            tree_by(&ps[..k], &add)
+        } else {
+            tree_by(&sums.collect::<Vec<_>>(), &add)
+        }
+        .unwrap_or(T::ZERO),
+    )
 }
 
 /// [`sum_run`] of any term type.
