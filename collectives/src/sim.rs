@@ -248,6 +248,10 @@ impl SimComm {
 /// Collectives whose buffers hold at least this many bytes write with streaming stores.
 const STREAM_MIN: usize = 4 << 20;
 
+/// Bytes of its block an all-gather writes into every member's output before the next: small
+/// enough to stay in the caches between the writes.
+const PUSH_PIECE: usize = 256 << 10;
+
 /// Whether a collective over buffers of `n` elements of `T` streams its stores.
 fn streams<T>(n: usize) -> bool {
     n * size_of::<T>() >= STREAM_MIN
@@ -363,11 +367,15 @@ impl Communicator for SimComm {
         let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let off: usize = counts[..self.rank].iter().sum();
         let stream = streams::<T>(recv.len());
-        // SAFETY: members are blocked until `close`; this rank writes its own block of every
-        // member's recv (disjoint from every other writer's) from its own send.
-        unsafe {
-            for s in &slots {
-                put(send.as_ptr(), (s.recv as *mut T).add(off), send.len(), stream);
+        // a piece at a time into every member's recv, starting past this rank, so that each piece
+        // is read from memory once and from the caches after
+        let (n, per) = (slots.len(), (PUSH_PIECE / size_of::<T>()).max(1));
+        for lo in (0..send.len()).step_by(per) {
+            let m = per.min(send.len() - lo);
+            for s in slots.iter().cycle().skip(self.rank + 1).take(n) {
+                // SAFETY: members are blocked until `close`; this rank writes its own block of
+                // every member's recv (disjoint from every other writer's) from its own send.
+                unsafe { put(send.as_ptr().add(lo), (s.recv as *mut T).add(off + lo), m, stream) };
             }
         }
         if stream {
