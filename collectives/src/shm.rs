@@ -28,7 +28,9 @@
 //! block; all-gather writes each rank's block into every output a piece at a time (two ranks
 //! within the caches read instead); reduce-scatter reads its block's terms a chunk at a time and
 //! reduces them; all-reduce does the same for its slice and writes each reduced chunk into every
-//! member's output (every byte read once and written once, the memory-traffic floor); a closing
+//! member's output (every byte read once and written once, the memory-traffic floor). Below
+//! 4 MiB a chunk is reduced straight into the rank's own output, where the writes to the peers
+//! find it in the caches; from 4 MiB into a scratch chunk stored with streaming stores. A closing
 //! sync keeps the buffers alive until the peers are done.
 //!
 //! Sums add in term order, rank 0 first, through the same reduction as every other backend: the
