@@ -230,3 +230,49 @@ fn fold<T: Reducible>(terms: &[&[T]], out: &mut [T], f: impl Fn(T::Acc, T::Acc) 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every op's loop compiled for AVX2 gives the baseline build's bits, specials included (on a
+    /// CPU without AVX2 there is nothing to compare).
+    #[test]
+    fn the_avx2_loops_give_the_baseline_bits() {
+        fn check<T: Reducible + PartialEq + std::fmt::Debug>(terms: &[Vec<T>]) {
+            let terms: Vec<&[T]> = terms.iter().map(|t| &t[..]).collect();
+            let len = terms[0].len();
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                let (mut a, mut b) = (vec![T::default(); len], vec![T::default(); len]);
+                fold_op(op, &terms, &mut a);
+                // SAFETY: the caller checked that the CPU has AVX2.
+                unsafe { fold_op_avx2(op, &terms, &mut b) };
+                // SAFETY: nx's dtypes are plain data without padding.
+                let bytes =
+                    |v: &[T]| unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) }.to_vec();
+                assert_eq!(bytes(&a), bytes(&b), "{}", op.name());
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let specials = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0e-40, -3.5];
+            let term = |k: usize| -> Vec<f32> {
+                (0..1031)
+                    .map(|i| {
+                        if i % 97 == k {
+                            specials[i % 7]
+                        } else {
+                            ((i * 7919 + k * 131) % 1009) as f32 * 0.37 - 150.0
+                        }
+                    })
+                    .collect()
+            };
+            let f: Vec<Vec<f32>> = (0..3).map(term).collect();
+            check(&f);
+            check(&f.iter().map(|t| t.iter().map(|&x| f64::from(x) / 3.0).collect::<Vec<f64>>()).collect::<Vec<_>>());
+            check(&f.iter().map(|t| t.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>());
+            check(&f.iter().map(|t| t.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>());
+            check(&f.iter().map(|t| t.iter().map(|&x| x as i32).collect::<Vec<_>>()).collect::<Vec<_>>());
+        }
+    }
+}

@@ -773,3 +773,29 @@ pub(crate) fn reduce(
         Answer::Done
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunk loop compiled for AVX2 gives the baseline build's bits (on a CPU without AVX2
+    /// there is nothing to compare).
+    #[test]
+    fn the_avx2_chunk_loop_gives_the_baseline_bits() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            for n in [0, 1, 7, 8, 9, 31, 2047, 2048] {
+                let xs: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1009) as f32 * 0.37 - 150.0).collect();
+                let ds: Vec<f64> = xs.iter().map(|&x| f64::from(x) * 1.0e-3 + 1.0 / 3.0).collect();
+                let zs: Vec<Complex32> = xs.iter().map(|&x| Complex32::new(x, -x * 0.5)).collect();
+                // SAFETY: the CPU has AVX2.
+                unsafe {
+                    assert_eq!(sum_chunk_avx2(&xs).to_bits(), sum_lanes(&xs).to_bits(), "f32, {n}");
+                    assert_eq!(sum_chunk_avx2(&ds).to_bits(), sum_lanes(&ds).to_bits(), "f64, {n}");
+                    let (a, b) = (sum_chunk_avx2(&zs), sum_lanes(&zs));
+                    assert_eq!((a.re.to_bits(), a.im.to_bits()), (b.re.to_bits(), b.im.to_bits()), "c64, {n}");
+                }
+            }
+        }
+    }
+}
