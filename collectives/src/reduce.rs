@@ -239,7 +239,7 @@ mod tests {
     /// CPU without AVX2 there is nothing to compare).
     #[test]
     fn the_avx2_loops_give_the_baseline_bits() {
-        fn check<T: Reducible + PartialEq + std::fmt::Debug>(terms: &[Vec<T>]) {
+        fn check<T: Reducible>(terms: &[Vec<T>]) {
             let terms: Vec<&[T]> = terms.iter().map(|t| &t[..]).collect();
             let len = terms[0].len();
             for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {

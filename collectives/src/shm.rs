@@ -147,9 +147,9 @@ mod futex {
     pub(super) fn wake(_: &AtomicU64) {}
 }
 
-/// Bytes of its block a rank writes into every member's output at a time in a direct all-gather
-/// (they stay in its cache from the first copy to the last).
-const PUSH_CHUNK: usize = 256 << 10;
+/// Bytes of its block a rank writes into every member's output at a time in an all-gather that
+/// pushes (here and on `sim`): they stay in its cache from the first copy to the last.
+pub(crate) const PUSH_CHUNK: usize = 256 << 10;
 
 /// Elements a direct reduction reads from each peer at a time.
 const REDUCE_CHUNK: usize = 32 << 10;

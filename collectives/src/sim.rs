@@ -248,10 +248,6 @@ impl SimComm {
 /// Collectives whose buffers hold at least this many bytes write with streaming stores.
 const STREAM_MIN: usize = 4 << 20;
 
-/// Bytes of its block an all-gather writes into every member's output before the next: small
-/// enough to stay in the caches between the writes.
-const PUSH_PIECE: usize = 256 << 10;
-
 /// Whether a collective over buffers of `n` elements of `T` streams its stores.
 fn streams<T>(n: usize) -> bool {
     n * size_of::<T>() >= STREAM_MIN
@@ -369,7 +365,7 @@ impl Communicator for SimComm {
         let stream = streams::<T>(recv.len());
         // a piece at a time into every member's recv, starting past this rank, so that each piece
         // is read from memory once and from the caches after
-        let (n, per) = (slots.len(), (PUSH_PIECE / size_of::<T>()).max(1));
+        let (n, per) = (slots.len(), (crate::shm::PUSH_CHUNK / size_of::<T>()).max(1));
         for lo in (0..send.len()).step_by(per) {
             let m = per.min(send.len() - lo);
             for s in slots.iter().cycle().skip(self.rank + 1).take(n) {

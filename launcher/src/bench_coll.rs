@@ -111,12 +111,12 @@ fn time_ops<C: Communicator>(
         .map_err(invalid)?
 }
 
-/// [`time_ops`] on the buffers `send` and `recv`.
 /// Sizes up to this many bytes are timed at least [`SMALL_REPEATS`] times.
 const SMALL: usize = 4 << 20;
 /// The least number of timed runs of a size up to [`SMALL`].
 const SMALL_REPEATS: usize = 21;
 
+/// [`time_ops`] on the buffers `send` and `recv`.
 fn time_ops_on<C: Communicator>(
     c: &C,
     sizes: &[usize],

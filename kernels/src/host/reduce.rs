@@ -561,43 +561,14 @@ impl Job<'_> {
     unsafe fn write(&self, o: usize, flat: &[AnyPartial]) {
         let n = self.reductions.len();
         for (i, &r) in self.reductions.iter().enumerate() {
-            let vw = finish_any(r, self.bound.output_ty(i), flat.iter().skip(i).step_by(n).copied());
+            let (v, w) = finish_any(r, self.bound.output_ty(i), flat.iter().skip(i).step_by(n).copied());
+            let dsts = &self.outs[i];
             // SAFETY: the caller's contract.
-            unsafe { self.store(i, o, vw) };
-        }
-    }
-
-    /// Finishes output `o` of the only reduction from its one partial (over all its terms) and
-    /// writes it.
-    ///
-    /// # Safety
-    /// As [`Job::write`]'s.
-    unsafe fn write_one(&self, o: usize, p: AnyPartial) {
-        let r = self.reductions[0];
-        let vw = match p {
-            AnyPartial::B(p) => finish(r, Some(p)),
-            AnyPartial::I(p) => finish(r, Some(p)),
-            AnyPartial::U(p) => finish(r, Some(p)),
-            AnyPartial::F(p) => finish(r, Some(p)),
-            AnyPartial::D(p) => finish(r, Some(p)),
-            AnyPartial::C(p) => finish(r, Some(p)),
-            AnyPartial::Z(p) => finish(r, Some(p)),
-        };
-        // SAFETY: the caller's contract.
-        unsafe { self.store(0, o, vw) };
-    }
-
-    /// Writes reduction `i`'s result values into its destinations at output `o`.
-    ///
-    /// # Safety
-    /// As [`Job::write`]'s.
-    unsafe fn store(&self, i: usize, o: usize, (v, w): (Value, Option<Value>)) {
-        let dsts = &self.outs[i];
-        // SAFETY: the caller's contract.
-        unsafe {
-            store_value(dsts[0].2, dsts[0].0, dsts[0].1 + o as isize, v);
-            if let (Some(w), Some(&(p, off, d))) = (w, dsts.get(1)) {
-                store_value(d, p, off + o as isize, w);
+            unsafe {
+                store_value(dsts[0].2, dsts[0].0, dsts[0].1 + o as isize, v);
+                if let (Some(w), Some(&(p, off, d))) = (w, dsts.get(1)) {
+                    store_value(d, p, off + o as isize, w);
+                }
             }
         }
     }
@@ -718,7 +689,7 @@ pub(crate) fn reduce(
             if outputs >= 2 * rayon::current_num_threads() && plain_sum {
                 // SAFETY: the door holds the claims; this task writes output o alone.
                 (0..outputs).into_par_iter().for_each(|o| unsafe {
-                    job.write_one(o, sum_run_any(bound.output(&[], 0, o * terms, terms)));
+                    job.write(o, &[sum_run_any(bound.output(&[], 0, o * terms, terms))]);
                 });
             } else if outputs >= 2 * rayon::current_num_threads() {
                 (0..outputs).into_par_iter().for_each_init(
@@ -754,8 +725,8 @@ pub(crate) fn reduce(
                         || (bound.registers(CHUNK * GROUP), Vec::with_capacity(BLOCK_CHUNKS * n)),
                         // SAFETY: the door holds the claims; chunks only read.
                         |(regs, out), (b, slots)| unsafe {
-                            let end = ((b + 1) * BLOCK_CHUNKS).min(chunks);
                             out.clear();
+                            let end = ((b + 1) * BLOCK_CHUNKS).min(chunks);
                             for j0 in (b * BLOCK_CHUNKS..end).step_by(GROUP) {
                                 job.chunks(regs, o, j0, (j0 + GROUP).min(end), out);
                             }
