@@ -322,7 +322,8 @@ fn plain_sum(c: &[f32]) -> f32 {
 
 /// Bytes read plus bytes written per second by the faster of two parallel copies of `src` into
 /// `dst` on all cores: `memcpy` (whose stores read each line first) and streaming stores (which do
-/// not); `before` runs ahead of each (a cache scrub).
+/// not; 32-byte loads and stores where the CPU has AVX2); `before` runs ahead of each (a cache
+/// scrub).
 pub(crate) fn copy_limit(src: &[f32], dst: &mut [f32], before: &dyn Fn() -> f32) -> f64 {
     let bytes = (2 * size_of_val(src)) as f64;
     let t = Instant::now();
