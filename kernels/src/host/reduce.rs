@@ -214,7 +214,7 @@ enum Partial<T> {
 /// The sum of a chunk in its documented association (8 lanes, each in order, then a fixed tree);
 /// where the CPU has AVX2 the same loop compiled for it: the same additions in the same order, so
 /// the same bits, with half the load instructions, which keeps twice the cache lines in flight
-/// (a sum over memory ran at 0.68 of the copy bandwidth compiled for SSE2, 0.80–0.87 for AVX2).
+/// (over one huge-page array here the AVX2 build read 10–20% faster than the SSE2 build).
 fn sum_chunk<T: Term>(xs: &[T]) -> T {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
