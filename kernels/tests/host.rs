@@ -180,7 +180,8 @@ fn lane_fused_maps_match_the_register_evaluator_bit_for_bit() {
         v.push(("chain".into(), p));
         v
     };
-    for n in [0, 1, 63, 64, 65, 64 * 5 + 13, (1 << 16) + 64 * 3 + 1] {
+    // around the lane count (128) and a task (2^16)
+    for n in [0, 1, 63, 127, 128, 129, 128 * 5 + 13, (1 << 16) + 128 * 3 + 1] {
         go!(f32, Dtype::F32, n, progs(Dtype::F32));
         go!(f64, Dtype::F64, n, progs(Dtype::F64));
     }

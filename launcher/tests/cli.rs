@@ -108,6 +108,7 @@ fn bench_kernels_reports_ratios_as_json() {
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(names[0], "copy");
     assert!(names.iter().any(|n| n.starts_with("fused")), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("fill")), "{names:?}");
     assert!(names.iter().any(|n| n.starts_with("matmul bf16")), "{names:?}");
     for r in &rows[1..5] {
         assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");

@@ -19,10 +19,10 @@
 //! - **Loops** run in tasks of 2¹⁶ flat indices over the rayon pool, so a chain of maps reads and
 //!   writes memory once. A program whose live nodes are all of one float type (`f32` or `f64`) —
 //!   loads of contiguous operands of that dtype, constants, real unary and binary ops — into
-//!   destinations of that dtype runs *lane-fused*: the whole program over 256 indices held in small
-//!   arrays, then the next 256, loads read in place and outputs stored straight from the lanes
-//!   (compiled a second time for AVX2 where the CPU has it); its reads and writes interleave as a
-//!   hand-fused loop's do. Every other program runs over blocks of 2048 indices held in typed
+//!   destinations of that dtype runs *lane-fused*: the whole program over 128 indices held in small
+//!   cache-line aligned arrays, then the next 128, loads read in place and outputs stored straight
+//!   from the lanes (compiled a second time for AVX2 where the CPU has it); its reads and writes
+//!   interleave as a hand-fused loop's do. Every other program runs over blocks of 2048 indices held in typed
 //!   registers (one per node): a load of a contiguous operand that needs no conversion (`f32`,
 //!   `f64`, `i64`, `u64`, `c64`, `c128`) is read in place, other loads convert into a register.
 //!   Both evaluators apply the same elementwise functions: the same bits. Outputs of 8 MiB and

@@ -4,7 +4,7 @@ use num_complex::{Complex32, Complex64};
 use rayon::prelude::*;
 
 use super::eval::{Bound, Ptr};
-use super::reg::{dispatch_dtype, float_max, float_min, Reg, Src};
+use super::reg::{dispatch_dtype, each_src, float_max, float_min, Reg, Src};
 use super::through_door;
 use crate::door::Operand;
 use crate::kernels::{Extreme, Reduction};
@@ -472,6 +472,17 @@ fn sum_run_any(src: Src<'_>) -> AnyPartial {
     }
 }
 
+/// The sums of consecutive rows of `terms` terms of `src` (a whole number of rows), each as
+/// [`sum_run`] then finished, given to `f` with the row's position: one dispatch on the type for
+/// every row, no partial leaving its row (the same bits as [`sum_run_any`] then [`finish_any`]).
+fn sum_rows_any(src: Src<'_>, terms: usize, mut f: impl FnMut(usize, (Value, Option<Value>))) {
+    each_src!(src, v => {
+        for (k, row) in v.chunks(terms).enumerate() {
+            f(k, finish(Reduction::Sum, Some(sum_run(row))));
+        }
+    })
+}
+
 /// The pairwise tree of `ps` (all of one term type), as one partial; `None` for no partial.
 fn tree_any(r: Reduction, ps: impl Iterator<Item = AnyPartial>) -> Option<AnyPartial> {
     let mut ps = ps.peekable();
@@ -561,14 +572,23 @@ impl Job<'_> {
     unsafe fn write(&self, o: usize, flat: &[AnyPartial]) {
         let n = self.reductions.len();
         for (i, &r) in self.reductions.iter().enumerate() {
-            let (v, w) = finish_any(r, self.bound.output_ty(i), flat.iter().skip(i).step_by(n).copied());
-            let dsts = &self.outs[i];
+            let values = finish_any(r, self.bound.output_ty(i), flat.iter().skip(i).step_by(n).copied());
             // SAFETY: the caller's contract.
-            unsafe {
-                store_value(dsts[0].2, dsts[0].0, dsts[0].1 + o as isize, v);
-                if let (Some(w), Some(&(p, off, d))) = (w, dsts.get(1)) {
-                    store_value(d, p, off + o as isize, w);
-                }
+            unsafe { self.store(o, i, values) };
+        }
+    }
+
+    /// Writes reduction `i`'s result values (one or two) for output `o`.
+    ///
+    /// # Safety
+    /// The door's claims are held; no other task writes output `o`.
+    unsafe fn store(&self, o: usize, i: usize, (v, w): (Value, Option<Value>)) {
+        let dsts = &self.outs[i];
+        // SAFETY: the caller's contract.
+        unsafe {
+            store_value(dsts[0].2, dsts[0].0, dsts[0].1 + o as isize, v);
+            if let (Some(w), Some(&(p, off, d))) = (w, dsts.get(1)) {
+                store_value(d, p, off + o as isize, w);
             }
         }
     }
@@ -600,6 +620,9 @@ impl Job<'_> {
         }
     }
 }
+
+/// Terms one task of a plain sum over many rows reads at least (whole rows).
+const ROW_TASK: usize = 1 << 16;
 
 /// Chunks evaluated together (the association stays per chunk).
 const GROUP: usize = 4;
@@ -687,9 +710,14 @@ pub(crate) fn reduce(
             // one plain sum of an operand read in place: typed runs of chunks, no evaluation
             let plain_sum = reductions == [Reduction::Sum] && bound.in_place(0);
             if outputs >= 2 * rayon::current_num_threads() && plain_sum {
-                // SAFETY: the door holds the claims; this task writes output o alone.
-                (0..outputs).into_par_iter().for_each(|o| unsafe {
-                    job.write(o, &[sum_run_any(bound.output(&[], 0, o * terms, terms))]);
+                // whole rows per task, ROW_TASK terms or more: each task one run of memory, read
+                // as a plain loop reads it, one type dispatch (a task a row cost a twelfth)
+                let per = (ROW_TASK / terms).max(1);
+                (0..outputs.div_ceil(per)).into_par_iter().for_each(|b| {
+                    let (o0, o1) = (b * per, ((b + 1) * per).min(outputs));
+                    let rows = bound.output(&[], 0, o0 * terms, (o1 - o0) * terms);
+                    // SAFETY: the door holds the claims; this task writes outputs o0..o1 alone.
+                    sum_rows_any(rows, terms, |k, values| unsafe { job.store(o0 + k, 0, values) });
                 });
             } else if outputs >= 2 * rayon::current_num_threads() {
                 (0..outputs).into_par_iter().for_each_init(

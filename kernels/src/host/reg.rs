@@ -168,6 +168,8 @@ macro_rules! each_src {
     };
 }
 
+pub(crate) use each_src;
+
 impl<'a> Src<'a> {
     pub(crate) fn len(&self) -> usize {
         each_src!(self, v => v.len())
