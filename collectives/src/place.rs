@@ -32,7 +32,10 @@ fn copy_box<T: Copy>(src: &[T], sw: &Window, dst: &mut [T], dw: &Window, b: &Win
     loop {
         let so: usize = (0..rank).map(|d| (idx[d] - sw[d].start) * ss[d]).sum();
         let doff: usize = (0..rank).map(|d| (idx[d] - dw[d].start) * ds[d]).sum();
-        dst[doff..doff + run].copy_from_slice(&src[so..so + run]);
+        let (from, to) = (&src[so..so + run], &mut dst[doff..doff + run]);
+        // SAFETY: `to` is a slice of `run` elements apart from `from` (vector copies: see
+        // `nx_kernels::host::copy` on `memcpy`).
+        unsafe { nx_kernels::host::copy(from, to.as_mut_ptr()) };
         // next run: advance all axes but the last
         let mut d = rank - 1;
         loop {

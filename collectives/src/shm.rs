@@ -379,7 +379,7 @@ unsafe fn put<T: Copy>(src: &[T], dst: *mut T, stream: bool) {
         if stream {
             nx_kernels::host::stream_copy(src, dst);
         } else {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+            nx_kernels::host::copy(src, dst);
         }
     }
 }

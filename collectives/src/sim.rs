@@ -264,7 +264,7 @@ unsafe fn put<T: Copy>(src: *const T, dst: *mut T, n: usize, stream: bool) {
         if stream {
             nx_kernels::host::stream_copy(std::slice::from_raw_parts(src, n), dst);
         } else {
-            std::ptr::copy_nonoverlapping(src, dst, n)
+            nx_kernels::host::copy(std::slice::from_raw_parts(src, n), dst)
         }
     }
 }

@@ -190,6 +190,78 @@ fn lane_fused_maps_match_the_register_evaluator_bit_for_bit() {
     go!(f32, Dtype::F32, big, progs(Dtype::F32).into_iter().filter(|(n, _)| n == "chain"));
 }
 
+/// Contiguous runs of halves load and store through bulk loops (no `memcpy`, no per-element
+/// dispatch): every bf16 and f16 bit pattern widens to the scalar conversion's bits, and f32 values
+/// around every bf16 and f16 rounding boundary (ties, ±∞, NaNs with payloads, subnormals) narrow to
+/// `f32_to_bf16`'s and `f32_to_f16`'s — over lengths of several blocks and a short tail.
+#[test]
+fn half_runs_convert_as_the_scalar_conversions_bit_for_bit() {
+    use nx_kernels::dtype::convert::{f32_to_bf16, f32_to_f16};
+    let host = Host::new();
+    let cast = |from: Dtype, to: Dtype| {
+        let mut p = Prog::new(&[from]);
+        let l = p.load(0);
+        let c = p.cast(l, to);
+        p.output(c);
+        p
+    };
+    let patterns: Vec<u16> = (0..=u16::MAX).chain(0..77).collect();
+    let n = patterns.len();
+    let out = Array::<f32>::zeros(DEV, &[n]).unwrap();
+    let b = Array::<bf16>::from_vec(DEV, &[n], patterns.iter().map(|&h| bf16::from_bits(h)).collect()).unwrap();
+    assert_eq!(host.map(&cast(Dtype::BF16, Dtype::F32), &[n], &[&out], &[&b]), Answer::Done);
+    for (&h, got) in patterns.iter().zip(out.to_vec().unwrap()) {
+        assert_eq!(got.to_bits(), bf16::from_bits(h).to_f32().to_bits(), "bf16 {h:#06x}");
+    }
+    let f = Array::<f16>::from_vec(DEV, &[n], patterns.iter().map(|&h| f16::from_bits(h)).collect()).unwrap();
+    assert_eq!(host.map(&cast(Dtype::F16, Dtype::F32), &[n], &[&out], &[&f]), Answer::Done);
+    for (&h, got) in patterns.iter().zip(out.to_vec().unwrap()) {
+        assert_eq!(got.to_bits(), f16::from_bits(h).to_f32().to_bits(), "f16 {h:#06x}");
+    }
+    // f32s at and around each bf16 (high half) and f16 boundary, NaN payloads included
+    let xs: Vec<f32> = (0..=u16::MAX)
+        .flat_map(|h| {
+            let base = u32::from(h) << 16;
+            [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x1000, 0x2000].map(move |low| f32::from_bits(base | low))
+        })
+        .collect();
+    let n = xs.len();
+    let x = Array::<f32>::from_vec(DEV, &[n], xs.clone()).unwrap();
+    let ob = Array::<bf16>::zeros(DEV, &[n]).unwrap();
+    let of = Array::<f16>::zeros(DEV, &[n]).unwrap();
+    assert_eq!(host.map(&cast(Dtype::F32, Dtype::BF16), &[n], &[&ob], &[&x]), Answer::Done);
+    assert_eq!(host.map(&cast(Dtype::F32, Dtype::F16), &[n], &[&of], &[&x]), Answer::Done);
+    for ((&x, gb), gf) in xs.iter().zip(ob.to_vec().unwrap()).zip(of.to_vec().unwrap()) {
+        assert_eq!(gb.to_bits(), f32_to_bf16(x).to_bits(), "f32 {:#010x} to bf16", x.to_bits());
+        assert_eq!(gf.to_bits(), f32_to_f16(x).to_bits(), "f32 {:#010x} to f16", x.to_bits());
+    }
+    // a difference computed in f32 and stored as a half: NaNs of either sign and any payload (∞ − ∞,
+    // NaN operands) narrow to the one quiet NaN
+    let n = patterns.len();
+    let sub = |d: Dtype| {
+        let mut p = Prog::new(&[d, d]);
+        let (a, b) = (p.load(0), p.load(1));
+        let s = p.sub(a, b);
+        p.output(s);
+        p
+    };
+    let (pb, pf) = (sub(Dtype::BF16), sub(Dtype::F16));
+    let rev = |h: u16| h.rotate_left(7) ^ 0x7C00;
+    let (b2, f2) = (
+        Array::<bf16>::from_vec(DEV, &[n], patterns.iter().map(|&h| bf16::from_bits(rev(h))).collect()).unwrap(),
+        Array::<f16>::from_vec(DEV, &[n], patterns.iter().map(|&h| f16::from_bits(rev(h))).collect()).unwrap(),
+    );
+    let (ob, of) = (Array::<bf16>::zeros(DEV, &[n]).unwrap(), Array::<f16>::zeros(DEV, &[n]).unwrap());
+    assert_eq!(host.map(&pb, &[n], &[&ob], &[&b, &b2]), Answer::Done);
+    assert_eq!(host.map(&pf, &[n], &[&of], &[&f, &f2]), Answer::Done);
+    for (k, &h) in patterns.iter().enumerate() {
+        let wb = f32_to_bf16(bf16::from_bits(h).to_f32() - bf16::from_bits(rev(h)).to_f32());
+        let wf = f32_to_f16(f16::from_bits(h).to_f32() - f16::from_bits(rev(h)).to_f32());
+        assert_eq!(ob.get(&[k]).unwrap().to_bits(), wb.to_bits(), "bf16 {h:#06x} - {:#06x}", rev(h));
+        assert_eq!(of.get(&[k]).unwrap().to_bits(), wf.to_bits(), "f16 {h:#06x} - {:#06x}", rev(h));
+    }
+}
+
 #[test]
 fn halves_compute_in_f32_and_round_once() {
     let host = Host::new();

@@ -118,6 +118,13 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     chain.output(yv);
     chain.output(z);
 
+    let hx = Array::<half::bf16>::from_fn(dev, &[n], |i| half::bf16::from_f32((i[0] % 1000) as f32 * 1e-3))?;
+    let hy = Array::<half::bf16>::from_fn(dev, &[n], |i| half::bf16::from_f32((i[0] % 777) as f32 * 1e-3))?;
+    let ho = Array::<half::bf16>::zeros(dev, &[n])?;
+    let mut hadd = Prog::new(&[Dtype::BF16, Dtype::BF16]);
+    let (h0, h1) = (hadd.load(0), hadd.load(1));
+    let hs = hadd.add(h0, h1);
+    hadd.output(hs);
     let mut ident = Prog::new(&[Dtype::F32]);
     let l = ident.load(0);
     ident.output(l);
@@ -171,6 +178,12 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
             }),
         ),
         ("add".into(), 3 * n * 4, Box::new(|| assert_eq!(host.map(&add, &[n], &[&out], &[&x, &y]), done))),
+        (
+            // halves: widened to f32, added, rounded back (the register evaluator)
+            "add bf16".into(),
+            3 * n * 2,
+            Box::new(|| assert_eq!(host.map(&hadd, &[n], &[&ho], &[&hx, &hy]), done)),
+        ),
         (
             "fused y=a*x+b, z=relu(y)".into(),
             5 * n * 4,

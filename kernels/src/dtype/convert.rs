@@ -26,13 +26,15 @@ pub const BF16_QNAN: u16 = 0x7FC0;
 pub const F16_QNAN: u16 = 0x7E00;
 
 /// `x` rounded to `bf16`: nearest, ties to even; every NaN to [`BF16_QNAN`].
+///
+/// Branch-free, so that loops over slices vectorise: just under half a `bf16` ulp plus the kept
+/// last bit is added to the bits and the low half dropped (a carry rounds up, into ∞ past the
+/// largest finite value).
 #[inline]
 pub fn f32_to_bf16(x: f32) -> bf16 {
-    if x.is_nan() {
-        bf16::from_bits(BF16_QNAN)
-    } else {
-        bf16::from_f32(x)
-    }
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    bf16::from_bits(if x.is_nan() { BF16_QNAN } else { rounded })
 }
 
 /// `x` rounded to `f16`: nearest, ties to even; every NaN to [`F16_QNAN`].

@@ -157,6 +157,18 @@ pub unsafe fn stream_copy<T: Copy>(src: &[T], dst: *mut T) {
     unsafe { reg::stream(src, dst) }
 }
 
+/// Copies `src` to `dst` by vector loads and stores (32 bytes at a time where the CPU has AVX2),
+/// never through `memcpy`: glibc moves 2112 bytes and more by `rep movsb`, which on AMD Zen 3 ran
+/// 30 times slower (1.8 GB/s) whenever the destination lay 1–31 bytes past the source modulo
+/// 4 KiB. Other platforms copy plainly.
+///
+/// # Safety
+/// As [`stream_copy`]'s.
+pub unsafe fn copy<T: Copy>(src: &[T], dst: *mut T) {
+    // SAFETY: the caller's contract.
+    unsafe { reg::copy(src, dst) }
+}
+
 /// Orders this thread's streaming stores before what follows (an `sfence` on x86-64).
 pub fn store_fence() {
     reg::fence()
