@@ -466,13 +466,14 @@ pub(crate) unsafe fn store(r: Src<'_>, d: Dtype, dst: *mut u8, streaming: bool) 
 /// # Safety
 /// `dst` points at `v.len()` writable, aligned elements under an exclusive claim.
 unsafe fn narrow<H: Copy + Default>(v: &[f32], dst: *mut H, streaming: bool, f: impl Fn(&mut [H], &[f32])) {
-    let mut buf = [H::default(); 512];
-    for (k, part) in v.chunks(buf.len()).enumerate() {
+    const PART: usize = 512;
+    let mut buf = [H::default(); PART];
+    for (k, part) in v.chunks(PART).enumerate() {
         let out = &mut buf[..part.len()];
         f(out, part);
         // SAFETY: the caller's contract: this part's elements of the destination.
         unsafe {
-            let at = dst.add(k * 512);
+            let at = dst.add(k * PART);
             if streaming {
                 stream(out, at)
             } else {
@@ -889,8 +890,9 @@ pub(crate) fn select(c: Src<'_>, x: Src<'_>, y: Src<'_>, out: &mut Reg) {
 
 #[cfg(test)]
 mod tests {
-    /// Streaming copies store every byte at any alignment of either side and any length: heads
-    /// and tails past the aligned middle, lengths below one vector, in both builds of the loop.
+    /// The vector copies, streaming and plain, store every byte at any alignment of either side
+    /// and any length: heads and tails past the aligned middle, lengths below one vector, in both
+    /// builds of the loop.
     #[test]
     fn vector_copies_store_every_byte() {
         let src: Vec<u8> = (0..300u32).map(|i| (i * 37 % 251) as u8).collect();
