@@ -22,9 +22,10 @@
 //!   destinations of that dtype runs *lane-fused*: the whole program over 128 indices held in small
 //!   cache-line aligned arrays, then the next 128, loads read in place and outputs stored straight
 //!   from the lanes (compiled a second time for AVX2 where the CPU has it); its reads and writes
-//!   interleave as a hand-fused loop's do. Every other program runs over blocks of 2048 indices held in typed
-//!   registers (one per node): a load of a contiguous operand that needs no conversion (`f32`,
-//!   `f64`, `i64`, `u64`, `c64`, `c128`) is read in place, other loads convert into a register.
+//!   interleave as a hand-fused loop's do. Every other program runs over blocks of 2048 indices
+//!   held in typed registers (one per node): a load of a contiguous operand that needs no
+//!   conversion (`f32`, `f64`, `i64`, `u64`, `c64`, `c128`) is read in place, other loads convert
+//!   into a register.
 //!   Both evaluators apply the same elementwise functions: the same bits. Outputs of 8 MiB and
 //!   more are written with streaming stores.
 //! - **Reductions** number each output's terms in C order of the reduced axes and cut them into
