@@ -7,6 +7,11 @@ fn invalid(func: &'static str, why: String) -> Error {
     Error::Invalid { func, why }
 }
 
+/// The sum of `counts`, or `None` where it overflows (no buffer holds that many elements).
+pub(crate) fn total(counts: &[usize]) -> Option<usize> {
+    counts.iter().try_fold(0usize, |a, &c| a.checked_add(c))
+}
+
 /// A root of a group of `n`.
 pub(crate) fn root(root: usize, n: usize) -> Result<()> {
     if root >= n {
@@ -42,7 +47,7 @@ pub(crate) fn reduce_scatter<T: Reducible>(
     n: usize,
 ) -> Result<()> {
     const FUNC: &str = "nx_collectives::reduce_scatter_v";
-    if counts.len() != n || counts.iter().sum::<usize>() != send.len() || counts[rank] != recv.len() {
+    if counts.len() != n || total(counts) != Some(send.len()) || counts[rank] != recv.len() {
         return Err(invalid(
             FUNC,
             format!("counts {counts:?} for send of {} and recv of {} on rank {rank} of {n}", send.len(), recv.len()),
@@ -53,7 +58,7 @@ pub(crate) fn reduce_scatter<T: Reducible>(
 
 /// An all-gather's buffers on rank `rank` of `n`.
 pub(crate) fn all_gather<T>(send: &[T], recv: &[T], counts: &[usize], rank: usize, n: usize) -> Result<()> {
-    if counts.len() != n || counts[rank] != send.len() || counts.iter().sum::<usize>() != recv.len() {
+    if counts.len() != n || counts[rank] != send.len() || total(counts) != Some(recv.len()) {
         return Err(invalid(
             "nx_collectives::all_gather_v",
             format!("counts {counts:?} for send of {} and recv of {} on rank {rank}", send.len(), recv.len()),
@@ -72,8 +77,8 @@ pub(crate) fn all_to_all<T>(
 ) -> Result<()> {
     if send_counts.len() != n
         || recv_counts.len() != n
-        || send_counts.iter().sum::<usize>() != send.len()
-        || recv_counts.iter().sum::<usize>() != recv.len()
+        || total(send_counts) != Some(send.len())
+        || total(recv_counts) != Some(recv.len())
     {
         return Err(invalid(
             "nx_collectives::all_to_all_v",
@@ -113,7 +118,7 @@ pub(crate) fn peer(func: &'static str, peer: usize, rank: usize, n: usize) -> Re
     Ok(())
 }
 
-/// Exclusive prefix sums: where each run of `counts` starts.
+/// Exclusive prefix sums: where each run of `counts` starts (counts whose [`total`] was checked).
 pub(crate) fn offsets<T: Copy + Default + std::ops::Add<Output = T>>(counts: &[T]) -> Vec<T> {
     counts
         .iter()

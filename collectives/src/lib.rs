@@ -25,8 +25,10 @@ use std::time::Duration;
 
 mod checks;
 pub mod conformance;
+pub mod mismatch;
 pub mod mpi;
 pub mod place;
+pub mod random;
 mod reduce;
 mod shm;
 pub mod sim;
@@ -83,6 +85,20 @@ impl Fingerprint {
         let n = seq.get();
         seq.set(n + 1);
         Fingerprint { seq: n, op, dtype, counts, axes: axes.to_vec(), site: Location::caller() }
+    }
+
+    /// The fingerprint of a send or receive of `op` (`send`, `recv`) on a communicator whose
+    /// collectives are numbered by `seq`: point-to-point calls involve two ranks only, so they do
+    /// not advance the collectives' sequence (it stands at the next collective's number).
+    #[track_caller]
+    pub fn point_to_point(
+        seq: &Cell<u64>,
+        axes: &[String],
+        op: &'static str,
+        dtype: Option<Dtype>,
+        counts: Vec<usize>,
+    ) -> Fingerprint {
+        Fingerprint { seq: seq.get(), op, dtype, counts, axes: axes.to_vec(), site: Location::caller() }
     }
 
     /// Whether two ranks' calls agree: in checked mode everything, otherwise the op, the dtype and

@@ -370,8 +370,8 @@ mod imp {
 
         /// In checked mode, agrees on the fingerprint with every rank (or the `peers` of a
         /// send/recv) before any byte moves, against the deadline, and answers every rank's extra
-        /// counts. Unchecked, answers `None` at once: the MPI collective that follows meets the
-        /// ranks itself (and MPI refuses a message longer than its receive buffer).
+        /// counts. Unchecked, answers `None` at once: the shared-memory path checks each call
+        /// itself, and MPI's own calls are checked by [`MpiComm::agree_shape`].
         fn agree(&self, fp: &Fingerprint, extra: &[usize], peers: Option<&[usize]>) -> Result<Option<Vec<Vec<usize>>>> {
             if !self.opts.checked {
                 return Ok(None);
@@ -401,6 +401,65 @@ mod imp {
                 }
             }
             Ok(recs.into_iter().map(|r| r.map(|r| r.extra).unwrap_or_default()).collect())
+        }
+
+        /// Before a collective over MPI's own calls in unchecked mode (checked mode agreed on the
+        /// whole fingerprint already): one `MPI_Allreduce` (max) of the call's shape hash, its
+        /// complement and a flag tells every rank at once whether every rank called the same op
+        /// with the same dtype and counts — all ranks see the same maximum, which equals a rank's
+        /// own hash and complement only where every hash is the same — and, for an all-to-all,
+        /// whether every sender's count is its receiver's (one `MPI_Alltoall` of the counts sets
+        /// the flag). Where they differ, one `MPI_Allgather` of the calls names the first two
+        /// ranks that differ, on every rank.
+        ///
+        /// # Errors
+        /// [`Error::Mismatch`].
+        fn agree_shape(&self, fp: &Fingerprint, pairs: Option<(&[usize], &[usize])>) -> Result<()> {
+            use mpi::collective::SystemOperation;
+            if self.opts.checked {
+                return Ok(());
+            }
+            let shape = format!("{}|{:?}|{:?}", fp.op, fp.dtype, fp.counts);
+            // FNV-1a: any hash does; a collision could only let two differing calls through to
+            // MPI, which still refuses a message longer than its receive buffer
+            let h =
+                shape.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+            let mut bad = 0u64;
+            if let Some((send, recv)) = pairs {
+                let mine: Vec<u64> = send.iter().map(|&c| c as u64).collect();
+                let mut theirs = vec![0u64; self.size()];
+                self.comm.all_to_all_into(&mine[..], &mut theirs[..]);
+                bad = u64::from(theirs.iter().zip(recv).any(|(&t, &r)| t != r as u64));
+            }
+            let mine = [h, !h, bad];
+            let mut max = [0u64; 3];
+            self.comm.all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
+            if max == [h, !h, 0] {
+                return Ok(());
+            }
+            // every rank is here: gather the calls (and an all-to-all's counts) to name them
+            const LEN: usize = 512;
+            let mut text = fp.to_string().into_bytes();
+            text.truncate(LEN);
+            text.resize(LEN, 0);
+            let mut all = vec![0u8; LEN * self.size()];
+            self.comm.all_gather_into(&text[..], &mut all[..]);
+            let call = |j: usize| {
+                let t = &all[j * LEN..(j + 1) * LEN];
+                String::from_utf8_lossy(&t[..t.iter().position(|&b| b == 0).unwrap_or(LEN)]).into_owned()
+            };
+            let mut hashes = vec![0u64; self.size()];
+            self.comm.all_gather_into(&h, &mut hashes[..]);
+            if let Some(j) = (1..self.size()).find(|&j| hashes[j] != hashes[0]) {
+                return Err(Error::Mismatch { rank_a: 0, call_a: call(0), rank_b: j, call_b: call(j) });
+            }
+            let (send, recv) = pairs.expect("the hashes agree, so the counts of an all-to-all differ");
+            let mine: Vec<u64> = send.iter().chain(recv).map(|&c| c as u64).collect();
+            let mut every = vec![0u64; mine.len() * self.size()];
+            self.comm.all_gather_into(&mine[..], &mut every[..]);
+            let every: Vec<Vec<usize>> =
+                every.chunks(mine.len()).map(|c| c.iter().map(|&x| x as usize).collect()).collect();
+            checks::all_to_all_pairs(&every, |r| r)
         }
 
         /// Runs `f` with `n` elements of `T` of this communicator's reused scratch memory (their
@@ -489,7 +548,8 @@ mod imp {
                 return shm.barrier();
             }
             if !checked {
-                self.comm.barrier();
+                // the shape check meets every rank, as the barrier would
+                self.agree_shape(&fp, None)?;
             }
             Ok(())
         }
@@ -502,6 +562,7 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.broadcast(buf, root);
             }
+            self.agree_shape(&fp, None)?;
             if !buf.is_empty() {
                 self.comm.process_at_rank(root as i32).broadcast_into(bytes_mut(buf));
             }
@@ -516,6 +577,7 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.all_reduce(send, recv, op);
             }
+            self.agree_shape(&fp, None)?;
             let (n, len) = (self.size(), send.len());
             let counts: Vec<usize> = (0..n).map(|j| (j + 1) * len / n - j * len / n).collect();
             let mine = counts[self.rank()];
@@ -546,6 +608,7 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.reduce_scatter_v(send, recv, counts, op);
             }
+            self.agree_shape(&fp, None)?;
             let n = self.size();
             self.with_scratch::<T, _>(recv.len() * n, |blocks| self.exchange_and_reduce(send, counts, blocks, recv, op))
         }
@@ -558,6 +621,7 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.all_gather_v(send, recv, counts);
             }
+            self.agree_shape(&fp, None)?;
             let c = byte_counts::<T>(counts.iter().copied(), "nx_collectives::all_gather_v")?;
             let d = displs(&c);
             let mut part = PartitionMut::new(bytes_mut(recv), &c[..], &d[..]);
@@ -583,6 +647,7 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.all_to_all_v(send, send_counts, recv, recv_counts);
             }
+            self.agree_shape(&fp, Some((send_counts, recv_counts)))?;
             let sc = byte_counts::<T>(send_counts.iter().copied(), "nx_collectives::all_to_all_v")?;
             let rc = byte_counts::<T>(recv_counts.iter().copied(), "nx_collectives::all_to_all_v")?;
             let (sd, rd) = (displs(&sc), displs(&rc));
@@ -595,7 +660,7 @@ mod imp {
         #[track_caller]
         fn send<T: Reducible>(&self, buf: &[T], to: usize) -> Result<()> {
             checks::peer("nx_collectives::send", to, self.rank(), self.size())?;
-            let fp = self.fingerprint("send", Some(T::DTYPE), vec![buf.len()]);
+            let fp = Fingerprint::point_to_point(&self.seq, &self.axes, "send", Some(T::DTYPE), vec![buf.len()]);
             self.pair(&fp, to)?;
             self.comm.process_at_rank(to as i32).send_with_tag(bytes(buf), DATA_TAG);
             Ok(())
@@ -604,7 +669,7 @@ mod imp {
         #[track_caller]
         fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()> {
             checks::peer("nx_collectives::recv", from, self.rank(), self.size())?;
-            let fp = self.fingerprint("recv", Some(T::DTYPE), vec![buf.len()]);
+            let fp = Fingerprint::point_to_point(&self.seq, &self.axes, "recv", Some(T::DTYPE), vec![buf.len()]);
             self.pair(&fp, from)?;
             self.comm.process_at_rank(from as i32).receive_into_with_tag(bytes_mut(buf), DATA_TAG);
             Ok(())
@@ -685,22 +750,26 @@ mod imp {
             self.comm.all_to_all_into(send, recv);
         }
 
-        /// A send and its receive agree on dtype and length (the op names differ by design).
+        /// A send and its receive agree on dtype and length (the op names differ by design), in
+        /// checked mode or not: a short exchange of the two shapes, against the deadline.
         fn pair(&self, fp: &Fingerprint, peer: usize) -> Result<()> {
-            if !self.opts.checked {
-                return Ok(());
-            }
             let shape = Fingerprint { op: "p2p", seq: 0, site: Location::caller(), ..fp.clone() };
             let mut recs = self.exchange(&shape, &[], &[peer])?;
             let theirs = recs[peer].take().expect("exchanged");
             let ours = parse(&record(&shape, &[]));
             if theirs.shape != ours.shape {
+                // `p2p(f32, [4]) at …` as `send(f32, [4])`
+                let call = |op: &str, r: &Record| {
+                    let words = r.words.split(" at ").next().unwrap_or_default();
+                    format!("{op}{}", words.strip_prefix("p2p").unwrap_or(words))
+                };
                 let (a, b) = if fp.op == "send" { (self.rank(), peer) } else { (peer, self.rank()) };
+                let of = |r: usize| if r == self.rank() { &ours } else { &theirs };
                 return Err(Error::Mismatch {
                     rank_a: a,
-                    call_a: format!("send of {}", if a == self.rank() { &ours.shape } else { &theirs.shape }),
+                    call_a: call("send", of(a)),
                     rank_b: b,
-                    call_b: format!("recv of {}", if b == self.rank() { &ours.shape } else { &theirs.shape }),
+                    call_b: call("recv", of(b)),
                 });
             }
             Ok(())

@@ -411,7 +411,7 @@ impl Communicator for SimComm {
     #[track_caller]
     fn send<T: Reducible>(&self, buf: &[T], to: usize) -> Result<()> {
         checks::peer("nx_collectives::send", to, self.rank(), self.size())?;
-        let fp = self.fingerprint("send", Some(T::DTYPE), vec![buf.len()]);
+        let fp = Fingerprint::point_to_point(&self.seq, &self.axes, "send", Some(T::DTYPE), vec![buf.len()]);
         let key = (self.world_rank(), self.world_of(to));
         let call = fp.to_string();
         let start = Instant::now();
@@ -448,7 +448,7 @@ impl Communicator for SimComm {
     #[track_caller]
     fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()> {
         checks::peer("nx_collectives::recv", from, self.rank(), self.size())?;
-        let fp = self.fingerprint("recv", Some(T::DTYPE), vec![buf.len()]);
+        let fp = Fingerprint::point_to_point(&self.seq, &self.axes, "recv", Some(T::DTYPE), vec![buf.len()]);
         let key = (self.world_of(from), self.world_rank());
         let call = fp.to_string();
         let start = Instant::now();

@@ -3,11 +3,12 @@
 //! time and killed past it; no test hangs.
 #![cfg(feature = "mpi")]
 
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nx_collectives::sim::{self, SimComm, SimOptions};
-use nx_collectives::{Communicator, ReduceOp};
 
 fn mpirun(n: usize, mode: &str, limit: Duration) -> (Output, Duration) {
     mpirun_with(n, mode, limit, ("1", "1"))
@@ -15,11 +16,23 @@ fn mpirun(n: usize, mode: &str, limit: Duration) -> (Output, Duration) {
 
 /// `(shm, cma)`: the values of `NX_MPI_SHM` (`0`: MPI's own calls only) and `NX_MPI_CMA` (`0`: the
 /// shared path through the window's halves).
-fn mpirun_with(n: usize, mode: &str, limit: Duration, (shm, cma): (&str, &str)) -> (Output, Duration) {
+fn mpirun_with(n: usize, mode: &str, limit: Duration, env: (&str, &str)) -> (Output, Duration) {
+    mpirun_of(env!("CARGO_BIN_EXE_nx-mpi-check").as_ref(), n, mode, limit, env)
+}
+
+/// [`mpirun_with`] of the check program at `exe`.
+fn mpirun_of(
+    exe: &std::path::Path,
+    n: usize,
+    mode: &str,
+    limit: Duration,
+    (shm, cma): (&str, &str),
+) -> (Output, Duration) {
     let start = Instant::now();
     let mut child = Command::new("mpirun")
         .args(["--oversubscribe", "-x", "NX_MPI_SHM", "-x", "NX_MPI_CMA", "-n", &n.to_string()])
-        .args([env!("CARGO_BIN_EXE_nx-mpi-check"), mode])
+        .arg(exe)
+        .arg(mode)
         .env("NX_MPI_SHM", shm)
         .env("NX_MPI_CMA", cma)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -79,6 +92,62 @@ fn conformance_on_2_3_and_4_ranks() {
     }
 }
 
+/// The check program built in the release profile, as users run it (debug assertions and overflow
+/// checks off), by cargo; built once per test process.
+fn release_binary() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let out = Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "--locked",
+                "--features",
+                "mpi",
+                "-p",
+                "nx-collectives",
+                "--bin",
+                "nx-mpi-check",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo runs");
+        assert!(out.status.success(), "cargo build --release: {}", String::from_utf8_lossy(&out.stderr));
+        // target/<profile>/deps/<this test> -> target/release/nx-mpi-check
+        let exe = std::env::current_exe().expect("the test's path");
+        let target = exe.ancestors().nth(3).expect("the target folder");
+        let path = target.join("release").join("nx-mpi-check");
+        assert!(path.exists(), "{} was not built", path.display());
+        path
+    })
+}
+
+#[test]
+fn lengths_that_differ_are_refused_on_every_rank_unchecked_in_a_release_build() {
+    // the last rank gives every collective (and a receive) other lengths or counts; checked mode
+    // is off and so are debug assertions: every rank must answer each call with a mismatch naming
+    // two ranks, no byte past any buffer may change, and the communicator must stay in step
+    let paths = [(("1", "1"), "cross-memory attach"), (("1", "0"), "shared window"), (("0", ""), "MPI calls")];
+    for (env, path) in paths {
+        for n in [2, 3] {
+            let (out, _) = mpirun_of(release_binary(), n, "lengths", Duration::from_secs(120), env);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{path}, {n} ranks: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+            for r in 0..n {
+                let ops = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"];
+                let p2p = (r == 0 || r == n - 1).then_some("send/recv");
+                for op in ops.into_iter().chain(p2p) {
+                    let want = format!("rank {r}: {op} refused (guards intact): nx collective mismatch: rank ");
+                    assert!(text.lines().any(|l| l.starts_with(&want)), "{path}, {n} ranks: no {want:?} in\n{text}");
+                }
+                let sum = (0..n).sum::<usize>();
+                assert!(text.contains(&format!("rank {r}: in step, sum {sum}")), "{path}, {n} ranks:\n{text}");
+            }
+        }
+    }
+}
+
 /// Runs `mode` on `n` ranks, which must fail; answers its stderr and how long it took.
 fn failing(n: usize, mode: &str) -> (String, Duration) {
     let (out, took) = mpirun(n, mode, Duration::from_secs(60));
@@ -115,17 +184,49 @@ fn a_skipped_collective_times_out_on_the_shared_memory_path_unchecked() {
 }
 
 #[test]
-fn the_same_bits_as_the_simulated_backend() {
-    let (out, _) = mpirun(4, "checksum", Duration::from_secs(60));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mpi: u64 = text.trim().strip_prefix("checksum ").expect("a checksum line").parse().unwrap();
-    let sim = sim::run(4, SimOptions::default(), |c: SimComm| -> nx_collectives::Result<u64> {
-        let len = 1001;
-        let mut got = vec![0f32; len];
-        c.all_reduce(&nx_collectives::conformance::input(c.rank(), len), &mut got, ReduceOp::Sum)?;
-        Ok(got.iter().map(|x| u64::from(x.to_bits())).sum())
-    })
-    .unwrap()[0];
-    assert_eq!(mpi, sim);
+fn the_same_bits_as_the_simulated_backend_on_random_cases() {
+    // 24 random collectives a seed (ops, reduce ops, dtypes, uneven counts, lengths past every
+    // chunk and window half), every result compared bit for bit with the simulated backend's, on
+    // every data path
+    let paths = [("1", "1"), ("1", "0"), ("0", "")];
+    for (k, env) in paths.into_iter().enumerate() {
+        for n in [2, 3, 4] {
+            let seed = 1000 + 10 * k as u64 + n as u64;
+            let dir = std::env::temp_dir().join(format!("nx-mpi-bits-{}-{seed}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let start = Instant::now();
+            let mut child = Command::new("mpirun")
+                .args(["--oversubscribe", "-x", "NX_MPI_SHM", "-x", "NX_MPI_CMA", "-x", "NX_BITS_DIR"])
+                .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_nx-mpi-check"), "bits", &seed.to_string()])
+                .env("NX_MPI_SHM", env.0)
+                .env("NX_MPI_CMA", env.1)
+                .env("NX_BITS_DIR", &dir)
+                .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("mpirun starts");
+            while child.try_wait().expect("waitable").is_none() {
+                if start.elapsed() > Duration::from_secs(120) {
+                    let _ = child.kill();
+                    panic!("mpirun -n {n} bits ran past 120 s");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "{env:?} n={n}: {}", String::from_utf8_lossy(&out.stderr));
+            let sim =
+                sim::run(n, SimOptions::default(), |c: SimComm| nx_collectives::random::run(&c, seed, 24)).unwrap();
+            for (r, want) in sim.iter().enumerate() {
+                let bytes = std::fs::read(dir.join(format!("rank-{r}"))).unwrap();
+                let got: Vec<u64> = bytes.chunks(8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).collect();
+                assert_eq!(got.len(), want.len(), "{env:?} n={n} rank {r}: result lengths");
+                let first = got.iter().zip(want).position(|(a, b)| a != b);
+                assert_eq!(first, None, "{env:?} n={n} rank {r}: first differing element");
+            }
+            assert!(sim.iter().map(Vec::len).sum::<usize>() > 10_000, "the cases move data");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }

@@ -194,7 +194,7 @@ fn facts_and_names() {
 fn conformance(name: &str) -> serde_json::Value {
     let dir = std::env::var_os("NX_CONFORMANCE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data"));
     let path = dir.join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()

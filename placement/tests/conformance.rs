@@ -1,4 +1,4 @@
-//! The windows and terms of `../shared/conformance/placements.json`, computed by an independent
+//! The windows and terms of `tests/data/placements.json`, computed by an independent
 //! implementation of the reference, must be ours exactly.
 
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use serde_json::Value;
 fn conformance(name: &str) -> Value {
     let dir = std::env::var_os("NX_CONFORMANCE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data"));
     let path = dir.join(name);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {} (set NX_CONFORMANCE): {e}", path.display()));

@@ -5,8 +5,12 @@
 //! Modes: `conformance` (the suite, every collective and `place`), `mismatch` (the last rank calls
 //! another collective), `axes` (two ranks meet in a group each takes for another mesh axis),
 //! `skip` (rank 1 skips a barrier; a 3 s timeout), `skip-unchecked` (the same in unchecked mode,
-//! after a first barrier: the shared-memory path's own watchdog), `checksum` (prints rank 0's bits
-//! of an all-reduce, to compare with the simulated backend's).
+//! after a first barrier: the shared-memory path's own watchdog), `bits SEED` (writes the bits of
+//! [`nx_collectives::random::run`]'s results to `$NX_BITS_DIR/rank-R`, little-endian `u64`s, to
+//! compare with the simulated backend's), `lengths` (unchecked: the last rank
+//! gives every collective and a receive other lengths or counts; each rank prints what each call
+//! answered and whether the guards around its buffers are intact, then shows the communicator
+//! still works).
 //! `NX_MPI_SHM=0` keeps every collective on MPI's own calls; `NX_MPI_CMA=0` moves the shared
 //! path's data through the window's halves (else by cross-memory attach, where the kernel allows).
 
@@ -15,11 +19,14 @@ use std::time::Duration;
 use nx_collectives::mpi::{self, MpiOptions};
 use nx_collectives::{conformance, Communicator, ReduceOp};
 
+/// The random cases of the `bits` mode.
+pub const CASES: usize = 24;
+
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "conformance".into());
     let skip = mode.starts_with("skip");
-    let opts =
-        MpiOptions { checked: mode != "skip-unchecked", timeout: Duration::from_secs(if skip { 3 } else { 60 }) };
+    let unchecked = mode == "skip-unchecked" || mode == "lengths";
+    let opts = MpiOptions { checked: !unchecked, timeout: Duration::from_secs(if skip { 3 } else { 60 }) };
     let out = mpi::run(opts, |c| -> nx_collectives::Result<()> {
         match mode.as_str() {
             "conformance" => {
@@ -53,14 +60,21 @@ fn main() {
                     std::thread::sleep(Duration::from_secs(8));
                 }
             }
-            "checksum" => {
-                let len = 1001;
-                let mut got = vec![0f32; len];
-                c.all_reduce(&conformance::input(c.rank(), len), &mut got, ReduceOp::Sum)?;
-                if c.rank() == 0 {
-                    let sum: u64 = got.iter().map(|x| u64::from(x.to_bits())).sum();
-                    println!("checksum {sum}");
+            "lengths" => {
+                for line in nx_collectives::mismatch::suite(&c)? {
+                    println!("{line}");
                 }
+            }
+            "bits" => {
+                let seed: u64 = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(1);
+                let bits = nx_collectives::random::run(&c, seed, CASES)?;
+                let dir = std::env::var("NX_BITS_DIR").unwrap_or_else(|_| ".".into());
+                let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+                let path = std::path::Path::new(&dir).join(format!("rank-{}", c.rank()));
+                std::fs::write(&path, bytes).map_err(|e| nx_collectives::Error::Invalid {
+                    func: "nx-mpi-check",
+                    why: format!("cannot write {}: {e}", path.display()),
+                })?;
             }
             other => panic!("unknown mode {other:?}"),
         }
