@@ -18,7 +18,7 @@ use crate::{Error, Result};
 /// |---|---|---|
 /// | `add`, `sub` | equal placements (a broadcast operand whose windows match) | that placement; partial stays partial (a sum of sums) |
 /// | `scale` | any | the same placement |
-/// | `mul`, `map`, `relu`, … (nonlinear) | equal placements, none partial | that placement; a partial operand is an error |
+/// | `mul`, `map`, `relu`, … (nonlinear) | equal placements (an axis of one element may be cut differently: it broadcasts), none partial | that placement; a partial operand is an error |
 /// | `matmul`, `contract` | over one mesh | each result axis cut as its operand cuts it (rows as the left's, columns as the right's); where both cut a contracting axis over the same mesh axes, a sum over them (partial), closed only by [`Tensor::place`] |
 /// | `sum(axis)` | any | the axis removed; cut over mesh axes → partial over them; whole → local |
 /// | `transpose` | 2-D | the cuts follow their axes |
@@ -43,6 +43,12 @@ impl<T: Reducible> std::fmt::Debug for Tensor<'_, T> {
 
 fn err(func: &'static str, why: String) -> Error {
     Error::Invalid { func, why }
+}
+
+/// The C strides of `shape` in elements, saturating: where they would overflow, the shape has more
+/// elements than any window [`Tensor::from_fn`] accepts (it refuses the shape before it reads them).
+fn c_strides(shape: &[usize]) -> Vec<usize> {
+    (0..shape.len()).map(|d| shape[d + 1..].iter().fold(1usize, |a, &x| a.saturating_mul(x))).collect()
 }
 
 fn window_shape(w: &Window) -> Vec<usize> {
@@ -127,7 +133,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// # Errors
     /// As [`Tensor::from_fn`].
     pub fn randn(ctx: &Ctx<'d>, shape: &[usize], placement: &Placement<'d>, seed: u64) -> Result<Self> {
-        let strides: Vec<usize> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+        let strides = c_strides(shape);
         Tensor::from_fn(ctx, shape, placement, |i| {
             let flat = i.iter().zip(&strides).map(|(a, b)| a * b).sum::<usize>() as u64;
             T::from_value(Value::Float(normal(seed, flat)))
@@ -139,7 +145,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// # Errors
     /// As [`Tensor::from_fn`].
     pub fn rand(ctx: &Ctx<'d>, shape: &[usize], placement: &Placement<'d>, seed: u64) -> Result<Self> {
-        let strides: Vec<usize> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+        let strides = c_strides(shape);
         Tensor::from_fn(ctx, shape, placement, |i| {
             let flat = i.iter().zip(&strides).map(|(a, b)| a * b).sum::<usize>() as u64;
             T::from_value(Value::Float(uniform(seed, flat)))

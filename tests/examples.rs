@@ -72,9 +72,11 @@ fn examples_run_under_mpirun_with_the_same_bits() {
     }
     let args = ["--steps", "30", "--mesh", "dp=2,tp=2"];
     let mpi = checksum(&mpirun(4, "train_mlp", &args));
-    // and through `nx run -n 4 --mpi` (the launcher of the workspace, built beside this test)
+    // and through `nx run -n 4 --mpi` (the launcher of the workspace, built beside this test by
+    // `cargo test --workspace`): its absence fails the test
     let nx = example("placements").parent().and_then(|d| d.parent()).expect("target/<profile>").join("nx");
-    if nx.exists() {
+    assert!(nx.exists(), "{} is not built: run the tests with --workspace (scripts/test does)", nx.display());
+    {
         let mut cmd = Command::new(&nx);
         cmd.args(["run", "-n", "4", "--mpi", "--"]).arg(example("train_mlp")).args(args);
         assert_eq!(checksum(&run(cmd, Duration::from_secs(300))), mpi, "under nx run");

@@ -210,37 +210,119 @@ fn automatic_placement_is_opt_in_and_moves_the_operand() {
 
 mod random {
     use super::*;
+    use nx::Error;
     use proptest::prelude::*;
 
     const SPECS: [&str; 6] = ["mesh()", "mesh(0:dp)", "mesh(1:tp)", "mesh(0:dp, 1:tp)", "mesh(0:tp)", "mesh(1:dp)"];
+    /// The mesh axes that cut tensor axes 0 and 1 at each of `SPECS`, written out.
+    const CUTS: [[&[&str]; 2]; 6] =
+        [[&[], &[]], [&["dp"], &[]], [&[], &["tp"]], [&["dp"], &["tp"]], [&["tp"], &[]], [&[], &["dp"]]];
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The placement spec with `sums` and the cuts `cuts` (an uncut axis left out): `mesh(…)`
+    /// without sums.
+    fn spec(sums: &[&str], cuts: &[(usize, &[&str])]) -> PlacementSpec {
+        let cuts: Vec<(usize, Vec<String>)> =
+            cuts.iter().filter(|c| !c.1.is_empty()).map(|&(a, c)| (a, names(c))).collect();
+        if sums.is_empty() {
+            PlacementSpec::Mesh { cuts }
+        } else {
+            PlacementSpec::Partial { sums: names(sums), cuts }
+        }
+    }
+
+    /// An `Invalid` error of `func` whose message contains every one of `says`.
+    fn invalid(r: nx::Result<impl std::fmt::Debug>, func: &str, says: &[&str]) {
+        match r {
+            Err(Error::Invalid { func: f, why }) => {
+                assert_eq!(f, func, "{why}");
+                for s in says {
+                    assert!(why.contains(s), "{func}: {why:?} does not say {s:?}");
+                }
+            }
+            other => panic!("{func}: want an Invalid error saying {says:?}, got {other:?}"),
+        }
+    }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(24))]
+        #![proptest_config(ProptestConfig::with_cases(4000))]
 
-        /// For random meshes, uneven shapes and operand placements: every op either gives the
-        /// single-device value at its documented placement, or refuses with a clear error.
+        /// For random meshes, uneven shapes and operand placements: every op gives the
+        /// single-device value at the placement the rules of `nx::Tensor` give, and refuses exactly
+        /// where they refuse, with the error they state.
         #[test]
         fn ops_match_one_device(dp in 1usize..=3, tp in 1usize..=3, m in 1usize..=7, k in 1usize..=7, n in 1usize..=7, pa in 0usize..6, pb in 0usize..6) {
             let want = mm(m, k, n, a, b);
+            let (ca, cb) = (CUTS[pa], CUTS[pb]);
             let r = launch_with(&opts(dp * tp), |ctx| -> nx::Result<()> {
                 let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
                 let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
                 let x = Tensor::<f64>::from_fn(ctx, &[m, k], &p(SPECS[pa])?, a)?;
                 let w = Tensor::<f64>::from_fn(ctx, &[k, n], &p(SPECS[pb])?, b)?;
-                match x.matmul(&w) {
-                    Ok(y) => assert!(close(&y.full()?.to_vec()?, &want), "{} x {}", SPECS[pa], SPECS[pb]),
-                    Err(e) => assert!(e.to_string().starts_with("nx::Tensor::contract"), "{e}"),
+                let (xp, wp) = (format!("{}", x.placement()), format!("{}", w.placement()));
+                // matmul: the contracting axis must be cut alike on both sides, and then sums over
+                // its mesh axes; rows cut as x's, columns as w's; no mesh axis cuts two result axes
+                let result = x.matmul(&w);
+                let used = [ca[1], ca[0], cb[1]].concat();
+                let repeated = used.iter().enumerate().any(|(i, c)| used[..i].contains(c));
+                if ca[1] != cb[0] {
+                    invalid(result, "nx::Tensor::contract", &["the contracting axis pair (1, 0) is cut over", &xp, &wp]);
+                } else if repeated {
+                    invalid(result, "nx::Tensor::contract", &["would cut two axes of the result", &xp, &wp]);
+                } else {
+                    let y = result?;
+                    let want_spec = spec(ca[1], &[(0, ca[0]), (1, cb[1])]);
+                    assert_eq!(y.placement().spec(), want_spec, "{} x {}", SPECS[pa], SPECS[pb]);
+                    assert!(y.placement().equal(&want_spec.over(&mesh)?));
+                    assert_eq!(y.placement().is_partial(), !ca[1].is_empty());
+                    assert!(close(&y.full()?.to_vec()?, &want), "{} x {}", SPECS[pa], SPECS[pb]);
                 }
+                // sum over axis 1: partial over the mesh axes that cut it, axis 0's cut kept
                 let s = x.sum(1)?;
+                assert_eq!(s.placement().spec(), spec(ca[1], &[(0, ca[0])]), "sum(1) of {}", SPECS[pa]);
                 let rows: Vec<f64> = (0..m).map(|i| (0..k).map(|j| a(&[i, j])).sum()).collect();
                 assert!(close(&s.full()?.to_vec()?, &rows));
+                // a linear map keeps a partial value partial; a nonlinear one refuses it
+                let scaled = s.scale(2.0)?;
+                assert_eq!(scaled.placement().spec(), s.placement().spec());
+                assert!(close(&scaled.full()?.to_vec()?, &rows.iter().map(|v| 2.0 * v).collect::<Vec<_>>()));
+                let relu = s.relu();
+                if ca[1].is_empty() {
+                    let relu = relu?;
+                    assert_eq!(relu.placement().spec(), s.placement().spec());
+                    assert!(close(&relu.full()?.to_vec()?, &rows.iter().map(|v| v.max(0.0)).collect::<Vec<_>>()));
+                } else {
+                    invalid(relu, "nx::Tensor::relu", &["a nonlinear map of a partial value", &format!("{}", s.placement())]);
+                }
+                // maps: an operand at an equal placement (both cut over the same mesh axes of more
+                // than one device), or whose windows are x's (as equal, except along an axis of one
+                // element, which broadcasts: there the operand whole on every device) give x's
+                // placement; others are an error naming both placements
                 let y = Tensor::<f64>::from_fn(ctx, &[m, k], &p(SPECS[pb])?, b)?;
-                match x.mul(&y) {
-                    Ok(z) => {
-                        let want: Vec<f64> = (0..m * k).map(|q| a(&[q / k, q % k]) * b(&[q / k, q % k])).collect();
+                let effective = |c: &[&str]| -> Vec<String> {
+                    c.iter().filter(|&&a| if a == "dp" { dp > 1 } else { tp > 1 }).map(|s| s.to_string()).collect()
+                };
+                let equal = (0..2).all(|axis| effective(ca[axis]) == effective(cb[axis]));
+                let windows = [m, k].iter().enumerate().all(|(axis, &len)| {
+                    effective(cb[axis]) == if len == 1 { Vec::new() } else { effective(ca[axis]) }
+                });
+                let aligned = equal || windows;
+                let (xl, yl) = (format!("{:#}", x.placement()), format!("{:#}", y.placement()));
+                for (func, result, f) in [
+                    ("nx::Tensor::mul", x.mul(&y), (|u, v| u * v) as fn(f64, f64) -> f64),
+                    ("nx::Tensor::add", x.add(&y), |u, v| u + v),
+                ] {
+                    if aligned {
+                        let z = result?;
+                        assert_eq!(z.placement().spec(), x.placement().spec(), "{func}: {} and {}", SPECS[pa], SPECS[pb]);
+                        let want: Vec<f64> = (0..m * k).map(|q| f(a(&[q / k, q % k]), b(&[q / k, q % k]))).collect();
                         assert!(close(&z.full()?.to_vec()?, &want));
+                    } else {
+                        invalid(result, func, &["operands placed differently", &xl, &yl]);
                     }
-                    Err(e) => assert!(e.to_string().contains("placed differently"), "{e}"),
                 }
                 Ok(())
             });

@@ -40,6 +40,68 @@ pub fn suite<C: Communicator>(c: &C) -> Result<()> {
     c.all_reduce(&mine, &mut got, ReduceOp::Max)?;
     let want: Vec<f32> = (0..len).map(|i| (0..n).map(|q| input(q, len)[i]).fold(f32::NEG_INFINITY, f32::max)).collect();
     check("all_reduce max", r, &got, &want)?;
+    // the product, each step rounded, and the least, in term order
+    c.all_reduce(&mine, &mut got, ReduceOp::Prod)?;
+    let want: Vec<f32> = (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc * input(q, len)[i])).collect();
+    check("all_reduce prod", r, &bits(&got), &bits(&want))?;
+    c.all_reduce(&mine, &mut got, ReduceOp::Min)?;
+    let want: Vec<f32> = (0..len)
+        .map(|i| (1..n).fold(input(0, len)[i], |acc, q| if input(q, len)[i] < acc { input(q, len)[i] } else { acc }))
+        .collect();
+    check("all_reduce min", r, &bits(&got), &bits(&want))?;
+    // the greatest is a NaN where any term is, +0 over −0; the least −0 under +0: element i of
+    // rank q is a NaN where i ≡ 0 (mod 6) and i / 6 ≡ q (mod n + 1) (so some elements have none),
+    // a zero of rank-dependent sign where i ≡ 1, −0 where i ≡ 2, +0 where i ≡ 3
+    let signed = |q: usize, nan: bool| -> Vec<f32> {
+        (0..len)
+            .map(|i| match i % 6 {
+                0 if nan && (i / 6) % (n + 1) == q => f32::NAN,
+                1 if (q + i / 6) % 2 == 0 => 0.0,
+                1 | 2 => -0.0,
+                3 => 0.0,
+                _ => input(q, len)[i],
+            })
+            .collect()
+    };
+    c.all_reduce(&signed(r, true), &mut got, ReduceOp::Max)?;
+    let want: Vec<f32> = (0..len).map(|i| (0..n).map(|q| signed(q, true)[i]).reduce(greatest).unwrap_or(0.0)).collect();
+    check("all_reduce max (NaN, ±0)", r, &nan_bits(&got), &nan_bits(&want))?;
+    c.all_reduce(&signed(r, false), &mut got, ReduceOp::Min)?;
+    let want: Vec<f32> = (0..len).map(|i| (0..n).map(|q| signed(q, false)[i]).reduce(least).unwrap_or(0.0)).collect();
+    check("all_reduce min (±0)", r, &bits(&got), &bits(&want))?;
+    // integers wrap: each step's exact value (in i64 or u32) truncated to the type
+    let ints = |q: usize| -> Vec<i32> {
+        (0..len).map(|i| ((q * 7919 + i * 104_729) % 10_007) as i32 * 214_013 - 1_070_000_000).collect()
+    };
+    let mut gi = vec![0i32; len];
+    for (op, name) in [(ReduceOp::Sum, "sum"), (ReduceOp::Prod, "prod"), (ReduceOp::Min, "min"), (ReduceOp::Max, "max")]
+    {
+        c.all_reduce(&ints(r), &mut gi, op)?;
+        let want: Vec<i32> = (0..len)
+            .map(|i| {
+                (1..n).fold(ints(0)[i], |acc, q| {
+                    let (a, b) = (i64::from(acc), i64::from(ints(q)[i]));
+                    (match op {
+                        ReduceOp::Sum => a + b,
+                        ReduceOp::Prod => a * b,
+                        ReduceOp::Min => a.min(b),
+                        ReduceOp::Max => a.max(b),
+                    }) as i32
+                })
+            })
+            .collect();
+        check(&format!("all_reduce i32 {name}"), r, &gi, &want)?;
+    }
+    let bytes = |q: usize| -> Vec<u8> { (0..len).map(|i| ((q * 31 + i * 7) % 253 + 2) as u8).collect() };
+    let mut gb = vec![0u8; len];
+    c.all_reduce(&bytes(r), &mut gb, ReduceOp::Prod)?;
+    let want: Vec<u8> = (0..len)
+        .map(|i| (1..n).fold(bytes(0)[i], |acc, q| (u32::from(acc) * u32::from(bytes(q)[i]) % 256) as u8))
+        .collect();
+    check("all_reduce u8 prod", r, &gb, &want)?;
+    c.all_reduce(&bytes(r), &mut gb, ReduceOp::Min)?;
+    let want: Vec<u8> = (0..len).map(|i| (0..n).map(|q| bytes(q)[i]).fold(u8::MAX, u8::min)).collect();
+    check("all_reduce u8 min", r, &gb, &want)?;
     // halves add in f32 and round once
     let halves: Vec<bf16> = mine.iter().map(|&x| bf16::from_f32(x)).collect();
     let mut hs = vec![bf16::ZERO; len];
@@ -61,6 +123,16 @@ pub fn suite<C: Communicator>(c: &C) -> Result<()> {
     let want: Vec<f32> =
         (0..counts[r]).map(|i| (1..n).fold(input(0, total)[off + i], |a, q| a + input(q, total)[off + i])).collect();
     check("reduce_scatter", r, &bits(&part), &bits(&want))?;
+    let mut ip = vec![0i32; counts[r]];
+    let ints = |q: usize| -> Vec<i32> { input(q, total).iter().map(|&x| (x * 1000.0) as i32).collect() };
+    c.reduce_scatter_v(&ints(r), &mut ip, &counts, ReduceOp::Min)?;
+    let want: Vec<i32> = (0..counts[r]).map(|i| (0..n).map(|q| ints(q)[off + i]).fold(i32::MAX, i32::min)).collect();
+    check("reduce_scatter i32 min", r, &ip, &want)?;
+    c.reduce_scatter_v(&ints(r), &mut ip, &counts, ReduceOp::Prod)?;
+    let want: Vec<i32> = (0..counts[r])
+        .map(|i| (1..n).fold(ints(0)[off + i], |a, q| (i64::from(a) * i64::from(ints(q)[off + i])) as i32))
+        .collect();
+    check("reduce_scatter i32 prod", r, &ip, &want)?;
     // all-gather, uneven: rank q sends q elements (rank 0 none)
     let counts: Vec<usize> = (0..n).collect();
     let mut all = vec![0i32; counts.iter().sum()];
@@ -155,6 +227,43 @@ fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The bits of each value, `None` for every NaN (whose payload no rule fixes).
+fn nan_bits(v: &[f32]) -> Vec<Option<u32>> {
+    v.iter().map(|x| (!x.is_nan()).then(|| x.to_bits())).collect()
+}
+
+/// The greater of two terms as `ReduceOp::Max` documents it: a NaN where one is, +0 over −0.
+fn greatest(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else if a == b {
+        if a.is_sign_negative() {
+            b
+        } else {
+            a
+        }
+    } else if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The lesser of two terms, −0 under +0 (no NaN among them).
+fn least(a: f32, b: f32) -> f32 {
+    if a == b {
+        if a.is_sign_negative() {
+            a
+        } else {
+            b
+        }
+    } else if a < b {
+        a
+    } else {
+        b
+    }
 }
 
 /// The global value's element at flat index i, and term t's share of it.

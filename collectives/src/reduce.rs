@@ -235,44 +235,184 @@ fn fold<T: Reducible>(terms: &[&[T]], out: &mut [T], f: impl Fn(T::Acc, T::Acc) 
 mod tests {
     use super::*;
 
-    /// Every op's loop compiled for AVX2 gives the baseline build's bits, specials included (on a
-    /// CPU without AVX2 there is nothing to compare).
-    #[test]
-    fn the_avx2_loops_give_the_baseline_bits() {
-        fn check<T: Reducible>(terms: &[Vec<T>]) {
-            let terms: Vec<&[T]> = terms.iter().map(|t| &t[..]).collect();
-            let len = terms[0].len();
-            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
-                let (mut a, mut b) = (vec![T::default(); len], vec![T::default(); len]);
-                fold_op(op, &terms, &mut a);
-                // SAFETY: the caller checked that the CPU has AVX2.
-                unsafe { fold_op_avx2(op, &terms, &mut b) };
-                // SAFETY: nx's dtypes are plain data without padding.
-                let bytes =
-                    |v: &[T]| unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) }.to_vec();
-                assert_eq!(bytes(&a), bytes(&b), "{}", op.name());
+    /// The documented reductions written out naively, for one element across the terms: in term
+    /// order from the first term, in the carrier (halves in f32, rounded once at the end), integers
+    /// wrapping; the greatest is a NaN where one is and +0 over −0, the least −0 under +0.
+    trait Naive: Reducible {
+        fn naive(op: ReduceOp, column: &[Self]) -> Self;
+        /// The same value: equal bits, or both NaN.
+        fn same(a: Self, b: Self) -> bool;
+    }
+
+    fn naive_float(op: ReduceOp, column: &[f64]) -> f64 {
+        let pick = |a: f64, b: f64, greatest: bool| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else if a == b {
+                // ±0: the greatest is +0 unless both are −0, the least −0 unless both are +0
+                if greatest == a.is_sign_negative() {
+                    b
+                } else {
+                    a
+                }
+            } else if (a > b) == greatest {
+                a
+            } else {
+                b
+            }
+        };
+        column[1..].iter().fold(column[0], |a, &b| match op {
+            ReduceOp::Sum => a + b,
+            ReduceOp::Prod => a * b,
+            ReduceOp::Max => pick(a, b, true),
+            ReduceOp::Min => pick(a, b, false),
+        })
+    }
+
+    impl Naive for f64 {
+        fn naive(op: ReduceOp, column: &[f64]) -> f64 {
+            naive_float(op, column)
+        }
+        fn same(a: f64, b: f64) -> bool {
+            a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()
+        }
+    }
+
+    // f32 and the halves: each step in f32, so each f64 result of a step is rounded to f32 (exact
+    // here: the f64 operation of two f32 values, rounded to f32, is the f32 operation)
+    macro_rules! naive_f32 {
+        ($t:ty, $to:expr, $from:expr) => {
+            impl Naive for $t {
+                fn naive(op: ReduceOp, column: &[$t]) -> $t {
+                    let to: fn($t) -> f32 = $to;
+                    let from: fn(f32) -> $t = $from;
+                    let mut acc = to(column[0]);
+                    for &x in &column[1..] {
+                        acc = naive_float(op, &[f64::from(acc), f64::from(to(x))]) as f32;
+                    }
+                    from(acc)
+                }
+                fn same(a: $t, b: $t) -> bool {
+                    let (x, y) = (to_f64(a), to_f64(b));
+                    x.to_bits() == y.to_bits() || x.is_nan() && y.is_nan()
+                }
+            }
+        };
+    }
+    fn to_f64<T: Element>(x: T) -> f64 {
+        match x.to_value() {
+            nx_kernels::Value::Float(f) => f,
+            v => panic!("not a float: {v:?}"),
+        }
+    }
+    naive_f32!(f32, |x| x, |x| x);
+    naive_f32!(bf16, bf16::to_f32, bf16::from_f32);
+    naive_f32!(f16, f16::to_f32, f16::from_f32);
+
+    impl Naive for i32 {
+        /// In i64, truncated to 32 bits after each step: the wrapping operation.
+        fn naive(op: ReduceOp, column: &[i32]) -> i32 {
+            column[1..].iter().fold(column[0], |a, &b| {
+                let (a, b) = (i64::from(a), i64::from(b));
+                (match op {
+                    ReduceOp::Sum => a + b,
+                    ReduceOp::Prod => a * b,
+                    ReduceOp::Max => {
+                        if a > b {
+                            a
+                        } else {
+                            b
+                        }
+                    }
+                    ReduceOp::Min => {
+                        if a < b {
+                            a
+                        } else {
+                            b
+                        }
+                    }
+                }) as i32
+            })
+        }
+        fn same(a: i32, b: i32) -> bool {
+            a == b
+        }
+    }
+
+    /// Checks every op's loop on `terms`: the baseline against the naive reductions, and with
+    /// `avx2` (the CPU has it) the loop compiled for AVX2 bit for bit as the baseline.
+    fn check<T: Naive>(terms: &[Vec<T>], avx2: bool) {
+        let terms: Vec<&[T]> = terms.iter().map(|t| &t[..]).collect();
+        let len = terms[0].len();
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            let mut a = vec![T::default(); len];
+            fold_op(op, &terms, &mut a);
+            for (i, &got) in a.iter().enumerate() {
+                let column: Vec<T> = terms.iter().map(|t| t[i]).collect();
+                let want = T::naive(op, &column);
+                assert!(T::same(got, want), "{} {} at {i}: {got:?}, want {want:?}", T::DTYPE, op.name());
+            }
+            if avx2 {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let mut b = vec![T::default(); len];
+                    // SAFETY: the caller checked that the CPU has AVX2.
+                    unsafe { fold_op_avx2(op, &terms, &mut b) };
+                    let bytes = |v: &[T]| {
+                        // SAFETY: nx's dtypes are plain data without padding.
+                        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) }.to_vec()
+                    };
+                    assert_eq!(bytes(&a), bytes(&b), "{} {}", T::DTYPE, op.name());
+                }
             }
         }
+    }
+
+    /// [`check`] of three terms of every float dtype and of `i32`: past the loop's block of 512,
+    /// specials at different elements in each term, ±0 in every term at every 31st element, and
+    /// integers whose sums and products wrap.
+    fn check_all(avx2: bool) {
+        let specials = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0e-40, -3.5];
+        let term = |k: usize| -> Vec<f32> {
+            (0..1031)
+                .map(|i| {
+                    if i % 97 == k {
+                        specials[i % 7]
+                    } else if i % 31 == 0 {
+                        [0.0, -0.0][(i / 31 + k) % 2]
+                    } else {
+                        ((i * 7919 + k * 131) % 1009) as f32 * 0.37 - 150.0
+                    }
+                })
+                .collect()
+        };
+        let f: Vec<Vec<f32>> = (0..3).map(term).collect();
+        check(&f, avx2);
+        check(&f.iter().map(|t| t.iter().map(|&x| f64::from(x) / 3.0).collect::<Vec<f64>>()).collect::<Vec<_>>(), avx2);
+        check(&f.iter().map(|t| t.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>(), avx2);
+        check(&f.iter().map(|t| t.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>(), avx2);
+        let ints: Vec<Vec<i32>> =
+            f.iter().map(|t| t.iter().map(|&x| (x as i32).wrapping_mul(40_009).wrapping_add(7)).collect()).collect();
+        assert!(ints[0]
+            .iter()
+            .zip(&ints[1])
+            .any(|(&a, &b)| i64::from(a) * i64::from(b) != i64::from(a.wrapping_mul(b))));
+        check(&ints, avx2);
+    }
+
+    /// The baseline loops give the naive reductions' values, on any CPU.
+    #[test]
+    fn the_loops_follow_the_naive_reductions() {
+        check_all(false);
+    }
+
+    /// Every op's loop compiled for AVX2 gives the baseline build's bits, specials included, and
+    /// so the naive reductions' values (on a CPU without AVX2 the test above checks the baseline).
+    #[test]
+    fn the_avx2_loops_give_the_baseline_bits() {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
-            let specials = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0e-40, -3.5];
-            let term = |k: usize| -> Vec<f32> {
-                (0..1031)
-                    .map(|i| {
-                        if i % 97 == k {
-                            specials[i % 7]
-                        } else {
-                            ((i * 7919 + k * 131) % 1009) as f32 * 0.37 - 150.0
-                        }
-                    })
-                    .collect()
-            };
-            let f: Vec<Vec<f32>> = (0..3).map(term).collect();
-            check(&f);
-            check(&f.iter().map(|t| t.iter().map(|&x| f64::from(x) / 3.0).collect::<Vec<f64>>()).collect::<Vec<_>>());
-            check(&f.iter().map(|t| t.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>());
-            check(&f.iter().map(|t| t.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>());
-            check(&f.iter().map(|t| t.iter().map(|&x| x as i32).collect::<Vec<_>>()).collect::<Vec<_>>());
+            check_all(true);
         }
     }
 }

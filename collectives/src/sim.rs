@@ -27,6 +27,9 @@ use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
 /// Settings of a simulated world: the collectives' [`crate::Options`].
 pub type SimOptions = crate::Options;
 
+/// The most ranks a simulated world has (a thread each).
+pub const MAX_RANKS: usize = 4096;
+
 #[derive(Debug, Clone, Default)]
 struct Slot {
     fp: Option<Fingerprint>,
@@ -106,7 +109,7 @@ fn group(members: Vec<usize>) -> Group {
 /// returns their results in rank order.
 ///
 /// # Errors
-/// [`Error::Invalid`] for `n` = 0; [`Error::RankFailed`] naming the first rank whose body failed
+/// [`Error::Invalid`] for `n` = 0 or past [`MAX_RANKS`]; [`Error::RankFailed`] naming the first rank whose body failed
 /// or panicked (the root cause; the others' errors follow from it).
 pub fn run<R, E, F>(n: usize, opts: SimOptions, body: F) -> Result<Vec<R>>
 where
@@ -114,16 +117,20 @@ where
     E: Display,
     F: Fn(SimComm) -> std::result::Result<R, E> + Sync,
 {
-    if n == 0 {
-        return Err(Error::Invalid { func: "nx_collectives::sim::run", why: "a world of 0 ranks".into() });
+    if n == 0 || n > MAX_RANKS {
+        return Err(Error::Invalid {
+            func: "nx_collectives::sim::run",
+            why: format!("a world of {n} ranks (a simulated world has 1 to {MAX_RANKS}: a thread each)"),
+        });
     }
     let mut state = State { gone: vec![None; n], ..State::default() };
     state.groups.insert(Vec::new(), group((0..n).collect()));
     let world = Arc::new(World { opts, state: Mutex::new(state), cv: Condvar::new() });
     let members: Arc<[usize]> = (0..n).collect();
     let results: Vec<Option<R>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|r| {
+        let mut handles = Vec::with_capacity(n);
+        for r in 0..n {
+            let started = {
                 let comm = SimComm {
                     world: world.clone(),
                     key: Vec::new(),
@@ -133,34 +140,44 @@ where
                     axes: Vec::new(),
                 };
                 let (world, body) = (world.clone(), &body);
-                std::thread::Builder::new()
-                    .name(format!("nx-sim-rank-{r}"))
-                    .spawn_scoped(s, move || {
-                        let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
-                        match out {
-                            Ok(Ok(v)) => {
-                                world.leave(r, "returned from its body".into(), None);
-                                Some(v)
-                            }
-                            Ok(Err(e)) => {
-                                world.leave(r, format!("failed: {e}"), Some(e.to_string()));
-                                None
-                            }
-                            Err(p) => {
-                                let msg = p
-                                    .downcast_ref::<String>()
-                                    .cloned()
-                                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                    .unwrap_or_else(|| "a panic".into());
-                                world.leave(r, format!("panicked: {msg}"), Some(format!("panicked: {msg}")));
-                                None
-                            }
+                std::thread::Builder::new().name(format!("nx-sim-rank-{r}")).spawn_scoped(s, move || {
+                    let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
+                    match out {
+                        Ok(Ok(v)) => {
+                            world.leave(r, "returned from its body".into(), None);
+                            Some(v)
                         }
-                    })
-                    .expect("a thread for a simulated rank")
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or(None)).collect()
+                        Ok(Err(e)) => {
+                            world.leave(r, format!("failed: {e}"), Some(e.to_string()));
+                            None
+                        }
+                        Err(p) => {
+                            let msg = p
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "a panic".into());
+                            world.leave(r, format!("panicked: {msg}"), Some(format!("panicked: {msg}")));
+                            None
+                        }
+                    }
+                })
+            };
+            match started {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // the ranks that cannot start are gone: the others fail at once, naming them
+                    for q in r..n {
+                        let why = format!("failed: its thread could not start: {e}");
+                        world.leave(q, why.clone(), Some(why));
+                    }
+                    break;
+                }
+            }
+        }
+        let mut out: Vec<Option<R>> = handles.into_iter().map(|h| h.join().unwrap_or(None)).collect();
+        out.resize_with(n, || None);
+        out
     });
     if let Some((rank, why)) = world.lock().first_failure.clone() {
         return Err(Error::RankFailed { rank, why });

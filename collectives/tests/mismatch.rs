@@ -32,7 +32,7 @@ fn counts_that_overflow_are_refused_before_any_byte_moves() {
     // counts whose sum wraps to the buffers' lengths: refused on each rank by its own check
     let out = sim::run(2, SimOptions { checked: false, timeout: Duration::from_secs(30) }, |c| {
         let counts = [usize::MAX, 2];
-        let mut recv = vec![0f32; 2];
+        let mut recv = [0f32; 2];
         let a = c.reduce_scatter_v(&[0f32; 1], &mut recv[..counts[1].min(2)], &counts, nx_collectives::ReduceOp::Sum);
         let b = c.all_gather_v(&[0f32; 2], &mut [0f32; 1], &counts);
         let sc = [usize::MAX, 3];

@@ -221,7 +221,7 @@ fn spec_from(c: &[u8], mesh: &MeshSpec, rank: usize) -> PlacementSpec {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(160))]
+    #![proptest_config(ProptestConfig::with_cases(3000))]
 
     #[test]
     fn place_keeps_the_value_and_issues_the_plans_collectives(

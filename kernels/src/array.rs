@@ -145,7 +145,8 @@ impl<T: Element> Array<T> {
         }
         let size = T::DTYPE.size() as isize;
         if let Some((lo, hi)) = layout.span() {
-            if lo < 0 || (hi + 1) * size > buffer.bytes() as isize {
+            // positions lie within ±MAX_POSITION (checked by `Layout::new`): the byte offset fits
+            if lo < 0 || ((hi + 1) * size) as usize > buffer.bytes() {
                 return Err(Error::Invalid {
                     func: FUNC,
                     why: format!(
@@ -186,7 +187,7 @@ impl<T: Element> Array<T> {
     /// # Errors
     /// [`Error::LengthMismatch`] unless `data` has one element per index; as [`Array::zeros`].
     pub fn from_vec(device: Device, shape: &[usize], data: Vec<T>) -> Result<Array<T>> {
-        let n = crate::layout::numel(shape);
+        let n = crate::layout::numel(shape)?;
         if data.len() != n {
             return Err(Error::LengthMismatch {
                 func: "nx_kernels::Array::from_vec",
@@ -315,6 +316,11 @@ impl<T: Element> Array<T> {
         const FUNC: &str = "nx_kernels::Array::with_slice";
         self.contiguous(FUNC)?;
         let r = door(&[], &[self], || {
+            if self.layout.numel() == 0 {
+                // no element: no address to form (an empty layout's offset may lie anywhere, and
+                // memory off the host has none)
+                return f(&[]);
+            }
             // SAFETY: the door holds a shared claim on live host memory; a C-contiguous layout
             // holds numel elements from its offset inside the buffer (checked by `new`), aligned
             // (64-byte base, offsets in whole elements); nx's elements are plain data, and the
@@ -335,6 +341,9 @@ impl<T: Element> Array<T> {
         const FUNC: &str = "nx_kernels::Array::with_slice_mut";
         self.contiguous(FUNC)?;
         let r = door(&[self], &[], || {
+            if self.layout.numel() == 0 {
+                return f(&mut []);
+            }
             // SAFETY: as `with_slice`, with the door's exclusive claim ruling out every other
             // access to the memory while `f` runs; any value `f` stores is one of T's.
             f(unsafe { std::slice::from_raw_parts_mut(self.first(), self.layout.numel()) })

@@ -1,9 +1,11 @@
 //! Buffers: memory on a device, alive or dead, read-only or read-write, claimed at run time.
 //!
-//! A [`Buffer`] is a shared handle (cloning shares it): the arrays over it are views. Its state —
-//! alive, or dead with the reason it died — and its claims are per buffer, behind its own lock; no
-//! state is global. Claims are taken only by [`crate::door`] (and the array functions built on
-//! it): *shared* for reads, *exclusive* for writes, all of one call or none.
+//! A [`Buffer`] is a shared handle (cloning shares it): the arrays over it are views. Its life —
+//! alive, or dead with the reason it died — is per buffer; its claims are per *memory*, shared by
+//! every buffer over the same bytes ([`Buffer::read_only`], [`Buffer::donate`]), so that no two
+//! handles can lend a `&[T]` and a `&mut [T]` of the same bytes at once. Each lives behind its
+//! own lock; no state is global. Claims are taken only by [`crate::door`] (and the array functions
+//! built on it): *shared* for reads, *exclusive* for writes, all of one call or none.
 //!
 //! Host memory (devices of kind `sim` and `cpu`) is allocated zeroed and aligned to 64 bytes. CUDA
 //! memory comes later through the same type; a buffer of a device this process does not address
@@ -108,9 +110,9 @@ impl Drop for Memory {
     }
 }
 
-#[derive(Debug)]
-struct State {
-    death: Option<Death>,
+/// The claims on one memory, shared by every buffer over it.
+#[derive(Debug, Default)]
+struct Held {
     readers: usize,
     writer: bool,
 }
@@ -120,7 +122,9 @@ struct Inner {
     bytes: usize,
     access: Access,
     memory: Option<Arc<Memory>>,
-    state: Mutex<State>,
+    /// The memory's claims (locked before `death` wherever both are).
+    held: Arc<Mutex<Held>>,
+    death: Mutex<Option<Death>>,
 }
 
 /// Memory on a device. Cloning shares the buffer; see the [module documentation](self).
@@ -131,13 +135,15 @@ pub struct Buffer {
 
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held = self.held();
         write!(
             f,
-            "Buffer({} bytes on {}, {:?}, {:?})",
+            "Buffer({} bytes on {}, {:?}, {:?}, {:?})",
             self.inner.bytes,
             self.inner.device,
             self.inner.access,
-            self.lock()
+            *self.death_lock(),
+            *held
         )
     }
 }
@@ -190,37 +196,40 @@ impl Buffer {
                 device: device.to_string(),
             });
         }
-        Ok(Buffer::from_parts(device, bytes, Access::ReadWrite, Some(alloc_host(bytes)?)))
+        Ok(Buffer::from_parts(device, bytes, Access::ReadWrite, Some(alloc_host(bytes)?), Arc::default()))
     }
 
     /// A buffer describing `bytes` bytes of memory on `device` that this process does not address
     /// (a peer's device, say): it has a size and a state but no host pointer, and host kernels
     /// refuse it as [`crate::Answer::OffHost`].
     pub fn unaddressed(device: Device, bytes: usize) -> Buffer {
-        Buffer::from_parts(device, bytes, Access::ReadWrite, None)
+        Buffer::from_parts(device, bytes, Access::ReadWrite, None, Arc::default())
     }
 
-    fn from_parts(device: Device, bytes: usize, access: Access, memory: Option<Arc<Memory>>) -> Buffer {
-        Buffer {
-            inner: Arc::new(Inner {
-                device,
-                bytes,
-                access,
-                memory,
-                state: Mutex::new(State { death: None, readers: 0, writer: false }),
-            }),
-        }
+    fn from_parts(
+        device: Device,
+        bytes: usize,
+        access: Access,
+        memory: Option<Arc<Memory>>,
+        held: Arc<Mutex<Held>>,
+    ) -> Buffer {
+        Buffer { inner: Arc::new(Inner { device, bytes, access, memory, held, death: Mutex::new(None) }) }
     }
 
-    /// A new buffer over the same memory that admits reads only. Both stay alive; claims on one
-    /// do not order the other (it is a second door on the same bytes, as a read-only mapping is).
+    /// A new buffer over the same memory that admits reads only. Both stay alive, and they share
+    /// the memory's claims: a write through one excludes every access through the other.
     pub fn read_only(&self) -> Buffer {
-        Buffer::from_parts(self.inner.device, self.inner.bytes, Access::Read, self.inner.memory.clone())
+        let i = &self.inner;
+        Buffer::from_parts(i.device, i.bytes, Access::Read, i.memory.clone(), i.held.clone())
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A poisoned lock only means a panic elsewhere while it was held; the state stays valid.
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    // A poisoned lock only means a panic elsewhere while it was held; the state stays valid.
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.inner.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn death_lock(&self) -> MutexGuard<'_, Option<Death>> {
+        self.inner.death.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The device the memory is on.
@@ -245,23 +254,25 @@ impl Buffer {
 
     /// Why the buffer died, or `None` while it lives.
     pub fn death(&self) -> Option<Death> {
-        self.lock().death.clone()
+        self.death_lock().clone()
     }
 
     /// Whether the buffer lives.
     pub fn is_alive(&self) -> bool {
-        self.lock().death.is_none()
+        self.death_lock().is_none()
     }
 
-    /// Whether some call holds the memory exclusive now.
+    /// Whether some call holds the memory exclusive now (through this buffer or another over the
+    /// same memory).
     pub fn is_held_exclusive(&self) -> bool {
-        self.lock().writer
+        self.held().writer
     }
 
     /// Kills the buffer: its arrays are dead from now on, and its memory goes with the last handle.
     ///
     /// # Errors
-    /// [`Error::Busy`] while a call holds a claim on it; [`Error::Dead`] if it is dead already.
+    /// [`Error::Busy`] while a call holds a claim on its memory; [`Error::Dead`] if it is dead
+    /// already.
     pub fn free(&self) -> Result<()> {
         self.kill("nx_kernels::Buffer::free", Death::Freed).map(|_| ())
     }
@@ -273,18 +284,20 @@ impl Buffer {
     /// As [`Buffer::free`].
     pub fn donate(&self, op: impl Into<String>) -> Result<Buffer> {
         self.kill("nx_kernels::Buffer::donate", Death::DonatedTo(op.into()))?;
-        Ok(Buffer::from_parts(self.inner.device, self.inner.bytes, self.inner.access, self.inner.memory.clone()))
+        let i = &self.inner;
+        Ok(Buffer::from_parts(i.device, i.bytes, i.access, i.memory.clone(), i.held.clone()))
     }
 
     fn kill(&self, func: &'static str, why: Death) -> Result<()> {
-        let mut s = self.lock();
-        if let Some(d) = &s.death {
+        let held = self.held();
+        let mut death = self.death_lock();
+        if let Some(d) = &*death {
             return Err(Error::Dead { func, why: d.to_string() });
         }
-        if s.writer || s.readers > 0 {
+        if held.writer || held.readers > 0 {
             return Err(Error::Busy { func, device: self.inner.device.to_string() });
         }
-        s.death = Some(why);
+        *death = Some(why);
         Ok(())
     }
 
@@ -296,16 +309,10 @@ impl Buffer {
         })
     }
 
-    /// The identity of the bytes (two buffers over one memory share it), for overlap checks.
+    /// The identity of the bytes (every buffer over one memory shares it, as it shares the
+    /// claims), for overlap checks.
     pub(crate) fn memory_id(&self) -> usize {
-        match &self.inner.memory {
-            Some(m) => Arc::as_ptr(m) as usize,
-            None => Arc::as_ptr(&self.inner) as usize,
-        }
-    }
-
-    pub(crate) fn id(&self) -> usize {
-        Arc::as_ptr(&self.inner) as usize
+        Arc::as_ptr(&self.inner.held) as usize
     }
 }
 
@@ -324,53 +331,60 @@ pub(crate) enum ClaimRefusal {
     ReadOnly(usize),
 }
 
-/// Claims on several buffers, released on drop.
+/// Claims on the memories of several buffers, released on drop.
 pub(crate) struct Claims {
-    held: Vec<(Buffer, Claim)>,
+    held: Vec<(Arc<Mutex<Held>>, Claim)>,
 }
 
 impl Claims {
-    /// Claims every `(buffer, claim)` (distinct buffers) or none. Refusals name the position in
-    /// `wanted` of the first buffer at fault, dead before held before read-only.
+    /// Claims every `(buffer, claim)` (distinct buffers) or none: one claim per memory, exclusive
+    /// where any buffer over it is claimed so. Refusals name the position in `wanted` of the first
+    /// buffer at fault, dead before held before read-only.
     pub(crate) fn take(wanted: &[(Buffer, Claim)]) -> std::result::Result<Claims, ClaimRefusal> {
-        // Lock in address order so that two calls never wait on each other's locks.
-        let mut order: Vec<usize> = (0..wanted.len()).collect();
-        order.sort_by_key(|&i| wanted[i].0.id());
-        let mut guards: Vec<(usize, MutexGuard<'_, State>)> = order.iter().map(|&i| (i, wanted[i].0.lock())).collect();
-        guards.sort_by_key(|g| g.0);
-        if let Some((i, _)) = guards.iter().find(|(_, s)| s.death.is_some()) {
-            return Err(ClaimRefusal::Dead(*i));
+        // one entry per memory: (its claims, the claim, the first position in `wanted` over it)
+        let mut memories: Vec<(Arc<Mutex<Held>>, Claim, usize)> = Vec::with_capacity(wanted.len());
+        for (i, (b, c)) in wanted.iter().enumerate() {
+            match memories.iter_mut().find(|m| Arc::ptr_eq(&m.0, &b.inner.held)) {
+                Some(m) if *c == Claim::Exclusive => m.1 = Claim::Exclusive,
+                Some(_) => {}
+                None => memories.push((b.inner.held.clone(), *c, i)),
+            }
         }
-        let held = |(i, s): &(usize, MutexGuard<'_, State>)| match wanted[*i].1 {
-            Claim::Shared => s.writer,
-            Claim::Exclusive => s.writer || s.readers > 0,
+        // lock in address order, so that two calls never wait on each other's locks
+        memories.sort_by_key(|m| Arc::as_ptr(&m.0) as usize);
+        let mut guards: Vec<MutexGuard<'_, Held>> =
+            memories.iter().map(|m| m.0.lock().unwrap_or_else(|e| e.into_inner())).collect();
+        if let Some(i) = wanted.iter().position(|(b, _)| b.death_lock().is_some()) {
+            return Err(ClaimRefusal::Dead(i));
+        }
+        let conflict = |m: &(Arc<Mutex<Held>>, Claim, usize), h: &Held| match m.1 {
+            Claim::Shared => h.writer,
+            Claim::Exclusive => h.writer || h.readers > 0,
         };
-        if let Some((i, _)) = guards.iter().find(|g| held(g)) {
-            return Err(ClaimRefusal::HeldExclusive(*i));
+        if let Some(i) = memories.iter().zip(&guards).filter(|(m, h)| conflict(m, h)).map(|(m, _)| m.2).min() {
+            return Err(ClaimRefusal::HeldExclusive(i));
         }
-        if let Some((i, _)) =
-            guards.iter().find(|(i, _)| wanted[*i].1 == Claim::Exclusive && wanted[*i].0.access() == Access::Read)
-        {
-            return Err(ClaimRefusal::ReadOnly(*i));
+        if let Some(i) = wanted.iter().position(|(b, c)| *c == Claim::Exclusive && b.access() == Access::Read) {
+            return Err(ClaimRefusal::ReadOnly(i));
         }
-        for (i, s) in guards.iter_mut() {
-            match wanted[*i].1 {
-                Claim::Shared => s.readers += 1,
-                Claim::Exclusive => s.writer = true,
+        for (m, h) in memories.iter().zip(guards.iter_mut()) {
+            match m.1 {
+                Claim::Shared => h.readers += 1,
+                Claim::Exclusive => h.writer = true,
             }
         }
         drop(guards);
-        Ok(Claims { held: wanted.to_vec() })
+        Ok(Claims { held: memories.into_iter().map(|m| (m.0, m.1)).collect() })
     }
 }
 
 impl Drop for Claims {
     fn drop(&mut self) {
-        for (b, c) in &self.held {
-            let mut s = b.lock();
+        for (m, c) in &self.held {
+            let mut h = m.lock().unwrap_or_else(|e| e.into_inner());
             match c {
-                Claim::Shared => s.readers -= 1,
-                Claim::Exclusive => s.writer = false,
+                Claim::Shared => h.readers -= 1,
+                Claim::Exclusive => h.writer = false,
             }
         }
     }

@@ -48,20 +48,67 @@ pub enum Move {
     Unsqueeze(usize),
 }
 
+/// The greatest magnitude of a position (in elements) and of a stride that a layout may have:
+/// byte offsets of elements up to 16 bytes wide, a stride past either end included, stay in
+/// `isize`. (A buffer is never that large: arrays over memory reach far less.)
+pub const MAX_POSITION: isize = isize::MAX / 32;
+
 /// The C-contiguous strides of `shape`.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+///
+/// # Errors
+/// [`Error::Invalid`] naming the shape where its elements are more than a layout reaches
+/// ([`MAX_POSITION`]).
+pub fn contiguous_strides(shape: &[usize]) -> Result<Vec<isize>> {
+    let too_many = || {
+        invalid(
+            "nx_kernels::layout::contiguous_strides",
+            format!("shape {shape:?} has more elements than a layout reaches ({MAX_POSITION})"),
+        )
+    };
     let mut strides = vec![0isize; shape.len()];
     let mut acc = 1isize;
+    if shape.contains(&0) {
+        // no element is ever reached: any strides do; these are the C ones, capped at the bound
+        for (s, &n) in strides.iter_mut().zip(shape).rev() {
+            *s = acc;
+            acc = acc.saturating_mul(isize::try_from(n.max(1)).unwrap_or(isize::MAX)).min(MAX_POSITION);
+        }
+        return Ok(strides);
+    }
     for (s, &n) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
-        acc *= n.max(1) as isize;
+        acc = isize::try_from(n).ok().and_then(|n| acc.checked_mul(n)).ok_or_else(too_many)?;
     }
-    strides
+    if acc > MAX_POSITION {
+        return Err(too_many());
+    }
+    Ok(strides)
 }
 
 /// The number of elements of `shape` (1 for rank 0).
-pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+///
+/// # Errors
+/// [`Error::Invalid`] naming the shape where the product overflows `usize`.
+pub fn numel(shape: &[usize]) -> Result<usize> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
+    shape.iter().try_fold(1usize, |a, &n| a.checked_mul(n)).ok_or_else(|| {
+        invalid("nx_kernels::layout::numel", format!("shape {shape:?} has more elements than usize holds"))
+    })
+}
+
+/// The product of extents known to fit `usize`: axes of a layout's shape (whose element count was
+/// checked when it was made), or some of them.
+pub(crate) fn extent_product(extents: impl IntoIterator<Item = usize>) -> usize {
+    // a zero anywhere makes 0, though the extents before it may multiply past `usize` (where no
+    // zero is, the product fits and never saturates)
+    let (p, zero) = extents.into_iter().fold((1usize, false), |(p, z), n| (p.saturating_mul(n), z || n == 0));
+    if zero {
+        0
+    } else {
+        p
+    }
 }
 
 /// The shape numpy's broadcasting gives `a` and `b`.
@@ -102,24 +149,28 @@ pub fn slice_bounds(start: isize, stop: isize, len: usize) -> (usize, usize) {
 
 /// ATen's `computeStride`: the strides that lay `new_shape` over the elements of `shape` at
 /// `strides` in C order without a copy, or `None` where no strides do.
+///
+/// Every product is checked: a shape or stride that overflows has no view (`None`).
 pub fn view_strides(shape: &[usize], strides: &[isize], new_shape: &[usize]) -> Option<Vec<isize>> {
-    if numel(shape) != numel(new_shape) {
+    let n = numel(shape).ok()?;
+    if n != numel(new_shape).ok()? {
         return None;
     }
-    if numel(shape) == 0 || shape.is_empty() {
-        return Some(if shape == new_shape { strides.to_vec() } else { contiguous_strides(new_shape) });
+    if n == 0 || shape.is_empty() {
+        return if shape == new_shape { Some(strides.to_vec()) } else { contiguous_strides(new_shape).ok() };
     }
     let mut new_strides = vec![0isize; new_shape.len()];
     let mut view_d = new_shape.len() as isize - 1;
     let mut chunk_base = *strides.last().expect("rank > 0");
     let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
+    let times = |k: usize, s: isize| isize::try_from(k).ok().and_then(|k| k.checked_mul(s));
     for tensor_d in (0..shape.len()).rev() {
         tensor_numel *= shape[tensor_d];
-        let boundary =
-            tensor_d == 0 || (shape[tensor_d - 1] != 1 && strides[tensor_d - 1] != tensor_numel as isize * chunk_base);
+        let boundary = tensor_d == 0
+            || (shape[tensor_d - 1] != 1 && Some(strides[tensor_d - 1]) != times(tensor_numel, chunk_base));
         if boundary {
             while view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d as usize] == 1) {
-                new_strides[view_d as usize] = view_numel as isize * chunk_base;
+                new_strides[view_d as usize] = times(view_numel, chunk_base)?;
                 view_numel *= new_shape[view_d as usize];
                 view_d -= 1;
             }
@@ -144,16 +195,19 @@ impl Layout {
     /// The C-contiguous layout of `shape` at offset 0.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for more than [`MAX_RANK`] axes.
+    /// [`Error::Invalid`] for more than [`MAX_RANK`] axes, or more elements than a layout
+    /// reaches ([`contiguous_strides`]).
     pub fn contiguous(shape: &[usize]) -> Result<Layout> {
-        Layout::new(shape.to_vec(), contiguous_strides(shape), 0)
+        Layout::new(shape.to_vec(), contiguous_strides(shape)?, 0)
     }
 
     /// The layout of `shape` at `strides` from `offset`.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for more than [`MAX_RANK`] axes, or shape and strides of different
-    /// lengths.
+    /// [`Error::Invalid`] for more than [`MAX_RANK`] axes, shape and strides of different
+    /// lengths, an extent past `isize::MAX` (numpy's limit), an element count that overflows
+    /// `usize`, or an offset, a stride or a position
+    /// reached past [`MAX_POSITION`] in magnitude (every product and sum checked).
     pub fn new(shape: Vec<usize>, strides: Vec<isize>, offset: isize) -> Result<Layout> {
         const FUNC: &str = "nx_kernels::Layout::new";
         if shape.len() > MAX_RANK {
@@ -161,6 +215,30 @@ impl Layout {
         }
         if shape.len() != strides.len() {
             return Err(invalid(FUNC, format!("shape {shape:?} and strides {strides:?} differ in length")));
+        }
+        if let Some(e) = shape.iter().find(|&&e| e > isize::MAX as usize) {
+            return Err(invalid(FUNC, format!("shape {shape:?} has an extent {e} past isize::MAX")));
+        }
+        let n = numel(&shape)?;
+        let beyond = || {
+            invalid(
+                FUNC,
+                format!("shape {shape:?} at strides {strides:?} from {offset} reaches positions past ±{MAX_POSITION}"),
+            )
+        };
+        if offset.unsigned_abs() > MAX_POSITION as usize
+            || strides.iter().any(|s| s.unsigned_abs() > MAX_POSITION as usize)
+        {
+            return Err(beyond());
+        }
+        if n > 0 {
+            let (mut lo, mut hi) = (offset, offset);
+            for (&e, &s) in shape.iter().zip(&strides) {
+                let reach = isize::try_from(e - 1).ok().and_then(|k| k.checked_mul(s)).ok_or_else(beyond)?;
+                let end = if reach < 0 { &mut lo } else { &mut hi };
+                *end =
+                    end.checked_add(reach).filter(|p| p.unsigned_abs() <= MAX_POSITION as usize).ok_or_else(beyond)?;
+            }
         }
         Ok(Layout { shape, strides, offset })
     }
@@ -185,9 +263,9 @@ impl Layout {
         self.shape.len()
     }
 
-    /// The number of indices.
+    /// The number of indices (it fits `usize`: checked when the layout was made).
     pub fn numel(&self) -> usize {
-        numel(&self.shape)
+        extent_product(self.shape.iter().copied())
     }
 
     /// The least and greatest element positions the layout reaches, or `None` for no element.
@@ -257,6 +335,12 @@ impl Layout {
         if axes.is_empty() || self.numel() == 0 {
             return true;
         }
+        // a broadcast axis repeats its positions; more indices than positions in the span
+        // repeat one (so the sort below never holds more positions than the span has)
+        let (lo, hi) = self.span().expect("elements");
+        if axes.iter().any(|a| a.1 == 0) || self.numel() - 1 > (hi - lo) as usize {
+            return false;
+        }
         axes.sort_by_key(|a| a.1);
         let mut reach = 0usize;
         let mut clean = true;
@@ -292,7 +376,7 @@ impl Layout {
         let mut out = self.clone();
         match m {
             Move::Reshape(shape) => {
-                if numel(shape) != self.numel() {
+                if numel(shape).ok() != Some(self.numel()) {
                     return Err(invalid(
                         FUNC,
                         format!("cannot reshape {:?} ({} elements) to {shape:?}", self.shape, self.numel()),
@@ -330,26 +414,39 @@ impl Layout {
                     return Err(invalid(FUNC, format!("slice of axis {axis} with step 0")));
                 }
                 let n = self.shape[*axis] as isize;
-                let norm = |i: isize| if i < 0 { i + n } else { i };
+                let norm = |i: isize| if i < 0 { i.saturating_add(n) } else { i };
+                // count = ceil(distance / |step|), in unsigned arithmetic (no step overflows it)
+                let count = |from: isize, to: isize| {
+                    if to > from {
+                        ((to - from - 1) as usize / step.unsigned_abs() + 1) as isize
+                    } else {
+                        0
+                    }
+                };
                 let (first, count) = if *step > 0 {
                     let s = start.map_or(0, |s| norm(s).clamp(0, n));
                     let e = stop.map_or(n, |e| norm(e).clamp(0, n));
-                    (s, if e > s { (e - s + step - 1) / step } else { 0 })
+                    (s, count(s, e))
                 } else {
                     let s = start.map_or(n - 1, |s| norm(s).clamp(-1, n - 1));
                     let e = stop.map_or(-1, |e| norm(e).clamp(-1, n - 1));
-                    (s, if s > e { (s - e + (-step) - 1) / (-step) } else { 0 })
+                    (s, count(e, s))
                 };
-                if count > 0 {
+                // (an empty layout's offset is free: its other extents may be huge)
+                if count > 0 && self.numel() > 0 {
                     out.offset += first * self.strides[*axis];
                 }
                 out.shape[*axis] = count as usize;
-                out.strides[*axis] = self.strides[*axis] * step;
+                // stride × step, as numpy and ATen give it; where that leaves the bound (a step
+                // past the extent: one element or none, whose stride is free) the stride stays
+                let s = self.strides[*axis];
+                out.strides[*axis] =
+                    s.checked_mul(*step).filter(|x| x.unsigned_abs() <= MAX_POSITION as usize).unwrap_or(s);
             }
             Move::Flip(axis) => {
                 axis_ok(*axis, "flip of")?;
                 let n = self.shape[*axis];
-                if n > 0 {
+                if n > 0 && self.numel() > 0 {
                     out.offset += (n as isize - 1) * self.strides[*axis];
                 }
                 out.strides[*axis] = -self.strides[*axis];
@@ -369,12 +466,17 @@ impl Layout {
                 if *axis > self.rank() || self.rank() == MAX_RANK {
                     return Err(invalid(FUNC, format!("unsqueeze at {axis} of a layout of shape {:?}", self.shape)));
                 }
-                let s = self.strides.get(*axis).map_or(1, |&s| s * self.shape[*axis].max(1) as isize);
+                // the stride of an extent-1 axis is free: the next axis's reach, where it fits
+                let s = self.strides.get(*axis).map_or(1, |&s| {
+                    s.checked_mul(self.shape[*axis].max(1) as isize)
+                        .filter(|x| x.unsigned_abs() <= MAX_POSITION as usize)
+                        .unwrap_or(s)
+                });
                 out.shape.insert(*axis, 1);
                 out.strides.insert(*axis, s);
             }
         }
-        Ok(Some(out))
+        Layout::new(out.shape, out.strides, out.offset).map(Some)
     }
 
     /// The layout of the same bits read as elements `to_size` bytes wide instead of `from_size`
@@ -401,7 +503,9 @@ impl Layout {
                 let mut strides: Vec<isize> = self.strides.iter().map(|s| s * r).collect();
                 shape.push(r as usize);
                 strides.push(1);
-                Ok(Some(Layout { shape, strides, offset: self.offset * r }))
+                // r ≤ 16 and every position and stride lies within MAX_POSITION = isize::MAX / 32:
+                // the products fit, and `new` checks them against the bound again
+                Layout::new(shape, strides, self.offset * r).map(Some)
             }
             Ordering::Less => {
                 let r = to_size / from_size;
@@ -471,8 +575,8 @@ mod tests {
 
     #[test]
     fn the_references_shape_examples() {
-        assert_eq!(numel(&[2, 3, 4]), 24);
-        assert_eq!(contiguous_strides(&[2, 3, 4]), [12, 4, 1]);
+        assert_eq!(numel(&[2, 3, 4]).unwrap(), 24);
+        assert_eq!(contiguous_strides(&[2, 3, 4]).unwrap(), [12, 4, 1]);
         assert_eq!(view_strides(&[2, 3, 4], &[12, 4, 1], &[6, 4]), Some(vec![4, 1]));
         assert_eq!(view_strides(&[4, 3], &[1, 4], &[12]), None);
         assert!(Layout::new(vec![1, 32, 64, 1], vec![2048, 64, 1, 64], 0).unwrap().is_contiguous());

@@ -158,7 +158,7 @@ fn arb_chain() -> impl Strategy<Value = (Vec<usize>, Vec<Move>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(600))]
+    #![proptest_config(ProptestConfig::with_cases(20000))]
 
     #[test]
     fn moves_match_the_dense_reference((shape, moves) in arb_chain()) {

@@ -13,13 +13,13 @@ use serde::Serialize;
 #[derive(clap::Args, Debug)]
 pub struct KernelArgs {
     /// Elements of the map and sum arrays (f32).
-    #[arg(long, default_value_t = 1 << 24)]
+    #[arg(long, default_value_t = 1 << 24, value_parser = crate::args::elements, allow_hyphen_values = true)]
     size: usize,
     /// Edge of the square matmuls.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, value_parser = crate::args::edge, allow_hyphen_values = true)]
     matmul: usize,
     /// Timed runs of each measurement (the median is reported).
-    #[arg(long, default_value_t = 9)]
+    #[arg(long, default_value_t = 9, value_parser = crate::args::repeats, allow_hyphen_values = true)]
     repeats: usize,
     /// The Python that runs `benches/numpy_matmul.py` for the peer figure; `none` skips it.
     #[arg(long, default_value = "python3")]
@@ -129,7 +129,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let l = ident.load(0);
     ident.output(l);
     let all = Array::<f32>::zeros(dev, &[])?;
-    let cols = 4096.min(n);
+    let cols = if n % 4096 == 0 { 4096 } else { n };
     let rows_n = n / cols;
     let x2 = x.apply(&nx::kernels::Move::Reshape(vec![rows_n, cols]))?.ok_or("reshape")?;
     let per_row = Array::<f32>::zeros(dev, &[rows_n])?;

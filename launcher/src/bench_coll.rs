@@ -14,14 +14,14 @@ pub struct CollectiveArgs {
     #[arg(long, default_value = "sim")]
     backend: String,
     /// Ranks (sim).
-    #[arg(short = 'n', long, default_value_t = 4)]
+    #[arg(short = 'n', long, default_value_t = 4, value_parser = crate::args::ranks, allow_hyphen_values = true)]
     ranks: usize,
     /// The largest size, in bytes (sizes go from 4 KiB by factors of 4).
-    #[arg(long, default_value_t = 256 << 20)]
+    #[arg(long, default_value_t = 256 << 20, value_parser = crate::args::max_bytes, allow_hyphen_values = true)]
     max_bytes: usize,
     /// Timed runs at each size (the median is reported); sizes up to 4 MiB run at least 21
     /// times (cheap, and the noisiest).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::args::repeats, allow_hyphen_values = true)]
     repeats: usize,
     /// One JSON object per line.
     #[arg(long)]

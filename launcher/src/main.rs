@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod args;
 mod bench;
 mod bench_coll;
 mod show;
@@ -29,13 +30,16 @@ enum Command {
     Run(RunArgs),
     /// The backends compiled in, the libraries found on this machine, the devices a program gets.
     Info,
+    /// The wrapper `nx run --mpi` starts each rank through (under mpirun).
+    #[command(hide = true)]
+    Rank(nx_launcher::rank::RankArgs),
 }
 
 /// Arguments of `nx run`.
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// Ranks to start.
-    #[arg(short = 'n', long = "np", default_value_t = 1)]
+    /// Ranks to start (1 to 4096).
+    #[arg(short = 'n', long = "np", default_value_t = 1, value_parser = args::ranks, allow_hyphen_values = true)]
     n: usize,
     /// Hosts and their slots, as `a:4,b:4` (through mpirun).
     #[arg(long)]
@@ -47,10 +51,10 @@ struct RunArgs {
     #[arg(long)]
     direct: bool,
     /// Stop every rank after this many seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = args::timeout, allow_hyphen_values = true)]
     timeout: Option<f64>,
     /// Seconds between SIGTERM and SIGKILL when stopping ranks.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = args::grace, allow_hyphen_values = true)]
     grace: f64,
     /// Prefix every output line with its rank, as `[3] `.
     #[arg(long)]
@@ -82,11 +86,6 @@ fn run_cmd(a: RunArgs) -> ExitCode {
     }
     if a.hosts.is_some() && mode == Mode::Direct {
         eprintln!("nx: --hosts needs --mpi: nx run starts remote ranks through mpirun");
-        return ExitCode::from(2);
-    }
-    let valid = |x: f64, positive: bool| x.is_finite() && if positive { x > 0.0 } else { x >= 0.0 };
-    if a.n == 0 || !valid(a.grace, false) || a.timeout.is_some_and(|t| !valid(t, true)) {
-        eprintln!("nx: -n must be at least 1, --grace at least 0 and --timeout positive");
         return ExitCode::from(2);
     }
     let code = run(Options {
@@ -153,15 +152,23 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            // One clear line naming the problem.
+            // One clear line naming the problem (a first line ending in ':' takes the next one,
+            // which names what is missing).
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("error: bad arguments");
-            eprintln!("nx: {}", first.trim_start_matches("error: "));
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            let mut first = lines.next().unwrap_or("error: bad arguments").trim_start_matches("error: ").to_string();
+            if first.ends_with(':') {
+                if let Some(next) = lines.next() {
+                    first = format!("{first} {next}");
+                }
+            }
+            eprintln!("nx: {first}");
             return ExitCode::from(2);
         }
     };
     let result = match cli.command {
         Command::Run(a) => return run_cmd(a),
+        Command::Rank(a) => return ExitCode::from(nx_launcher::rank::rank(&a).clamp(0, 255) as u8),
         Command::Info => Ok(info()),
         Command::Show(a) => show::show(&a),
         Command::Plan(a) => show::plan(&a),

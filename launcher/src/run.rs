@@ -1,28 +1,35 @@
 //! `nx run`: starts the ranks, connects them through the store, and supervises them.
 //!
-//! Each rank (or `mpirun`, under `--mpi`) runs in a process group of its own. The first rank to
-//! exit non-zero, die by a signal, or outlive `--timeout` stops the others: SIGTERM to every
-//! group, `--grace` seconds, then SIGKILL. One report on stderr names that rank, its exit status
-//! or signal, its panic message if any, the last lines of its stderr and the last collective it
-//! named; `nx run` exits with that rank's status (128 + the signal for a signal). Ctrl-C or
-//! SIGTERM to `nx run` reaches every rank the same way. Every group is killed before `nx run`
-//! returns, so no process outlives it.
+//! Ranks start as child processes of `nx run` (`--direct`), or under `--mpi` through one `mpirun`
+//! that starts each rank through `nx rank` ([`crate::rank`]), a wrapper of nx's own: it sets the
+//! rank's variables, streams its lines to the store (which prints each whole, tagged on request:
+//! mpirun's own forwarding cuts long lines), and records there where the rank runs and how it
+//! ended, so that reports name ranks in both modes, for any program. Each child of `nx run` runs
+//! in a process group of its own. The first rank to exit non-zero or die by a signal, or the
+//! ranks still running at `--timeout`, stop the others: SIGTERM to every group, `--grace`
+//! seconds, then SIGKILL. One report on stderr names that rank (its host under mpirun), its exit
+//! status or signal, its panic message if any, the last lines of its stderr and the last
+//! collective it named; `nx run` exits with that rank's status (128 + the signal for a signal;
+//! 124 for a timeout). Ctrl-C or SIGTERM to `nx run` reaches every rank the same way. Every
+//! process the run started is killed before `nx run` returns, so none outlives it.
 
-use std::collections::VecDeque;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
+
+use crate::child::{describe, forward, Seen, Sink};
+use crate::rank::{Ended, Started, ENDED, STARTED};
+use crate::store::Served;
 
 /// How `nx run` starts the ranks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     /// N child processes of `nx run` itself.
     Direct,
-    /// One `mpirun`, which starts the ranks (on this host or `hosts`).
+    /// One `mpirun`, which starts the ranks (on this host or `hosts`), each through `nx rank`.
     Mpi,
 }
 
@@ -47,45 +54,10 @@ pub struct Options {
     pub program: Vec<String>,
 }
 
-/// Lines kept from each rank's stderr for the report.
-const TAIL: usize = 12;
-
-/// What the report keeps of a rank's stderr: its last lines, and its first panic (the line naming
-/// where, then the message), wherever it was.
-#[derive(Default)]
-struct Seen {
-    tail: VecDeque<String>,
-    panic: Option<(String, Option<String>)>,
-}
-
-struct Rank {
-    id: usize,
+/// A child of `nx run`: a rank (direct) or mpirun.
+struct Proc {
     pgid: i32,
     seen: Arc<Mutex<Seen>>,
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGINT => "SIGINT",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGILL => "SIGILL",
-        libc::SIGPIPE => "SIGPIPE",
-        _ => "a signal",
-    }
-}
-
-fn describe(status: &ExitStatus) -> (String, i32) {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => (format!("exited with status {c}"), c),
-        (None, Some(s)) => (format!("was killed by signal {s} ({})", signal_name(s)), 128 + s),
-        _ => ("ended".into(), 1),
-    }
 }
 
 fn killpg(pgid: i32, sig: i32) {
@@ -95,47 +67,7 @@ fn killpg(pgid: i32, sig: i32) {
     }
 }
 
-/// Forwards a child's stream line by line (whole lines: each `println!` holds the lock), tagged
-/// with its rank if asked; keeps the last lines of stderr.
-fn forward<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
-    set: &mut JoinSet<()>,
-    stream: R,
-    tag: Option<String>,
-    err: bool,
-    seen: Arc<Mutex<Seen>>,
-) {
-    set.spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let shown = match &tag {
-                Some(t) => format!("{t}{line}"),
-                None => line.clone(),
-            };
-            if err {
-                eprintln!("{shown}");
-                let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
-                match &mut s.panic {
-                    None if line.contains("panicked at") => s.panic = Some((line.clone(), None)),
-                    Some((_, msg @ None)) => *msg = Some(line.clone()),
-                    _ => {}
-                }
-                if s.tail.len() == TAIL {
-                    s.tail.pop_front();
-                }
-                s.tail.push_back(line);
-            } else {
-                println!("{shown}");
-            }
-        }
-    });
-}
-
-fn spawn_rank(
-    opts: &Options,
-    id: usize,
-    env: &[(String, String)],
-    io: &mut JoinSet<()>,
-) -> std::io::Result<(Child, Rank)> {
+fn spawn(opts: &Options, id: usize, env: &[(String, String)], io: &mut JoinSet<()>) -> std::io::Result<(Child, Proc)> {
     let mut cmd = if opts.mode == Mode::Mpi {
         let mut c = Command::new("mpirun");
         c.args(["--oversubscribe", "-n", &opts.n.to_string()]);
@@ -146,7 +78,12 @@ fn spawn_rank(
             c.args(["-x", k]);
         }
         c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        c.args(&opts.program);
+        // every rank through the wrapper: this very binary
+        c.arg(std::env::current_exe()?).arg("rank");
+        if opts.tag_output {
+            c.arg("--tag-output");
+        }
+        c.arg("--").args(&opts.program);
         c
     } else {
         let mut c = Command::new(&opts.program[0]);
@@ -166,20 +103,25 @@ fn spawn_rank(
     let mut child = cmd.spawn()?;
     let pgid = child.id().map_or(0, |p| p as i32);
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let tag = opts.tag_output.then(|| if opts.mode == Mode::Mpi { String::new() } else { format!("[{id}] ") });
+    // under mpirun the ranks' lines come through the store, tagged there; mpirun's own go as they are
+    let tag = (opts.tag_output && opts.mode == Mode::Direct).then(|| format!("[{id}] "));
     if let Some(o) = child.stdout.take() {
-        forward(io, o, tag.clone(), false, seen.clone());
+        forward(io, o, Sink::Print(tag.clone()), false, seen.clone());
     }
     if let Some(e) = child.stderr.take() {
-        forward(io, e, tag, true, seen.clone());
+        forward(io, e, Sink::Print(tag), true, seen.clone());
     }
-    Ok((child, Rank { id, pgid, seen }))
+    Ok((child, Proc { pgid, seen }))
 }
 
 /// Why the run stopped early.
 enum Stop {
+    /// Child `id` (a rank, or mpirun) ended with `status`.
     Failed(usize, ExitStatus),
-    TimedOut,
+    /// A rank's wrapper recorded a failure (under mpirun).
+    Recorded,
+    /// The timeout passed while these children (direct) were still running.
+    TimedOut(Vec<usize>),
     Interrupted(&'static str),
 }
 
@@ -195,6 +137,16 @@ pub fn run(opts: Options) -> i32 {
     rt.block_on(supervise(opts))
 }
 
+/// The records of the ranks' wrappers with the prefix `key`, by rank.
+fn records<T: serde::de::DeserializeOwned>(store: &Served, key: &str) -> Vec<T> {
+    store.with_prefix(key).into_iter().filter_map(|(_, v)| serde_json::from_str(&v).ok()).collect()
+}
+
+/// The first rank to fail, by the order the wrappers ended in.
+fn first_failure(store: &Served) -> Option<Ended> {
+    records::<Ended>(store, ENDED).into_iter().filter(|e| e.failed).min_by_key(|e| e.order)
+}
+
 async fn supervise(opts: Options) -> i32 {
     let token = match crate::store::random_token() {
         Ok(t) => t,
@@ -203,27 +155,29 @@ async fn supervise(opts: Options) -> i32 {
             return 1;
         }
     };
-    let addr = match crate::store::serve(&opts.store_addr, token.clone()).await {
-        Ok(a) => a,
+    let store = match crate::store::serve(&opts.store_addr, token.clone(), opts.tag_output).await {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("nx run: the store cannot listen on {}: {e}", opts.store_addr);
             return 1;
         }
     };
-    let env = vec![("NX_STORE".to_string(), addr.to_string()), ("NX_STORE_TOKEN".to_string(), token.clone())];
+    let env = vec![("NX_STORE".to_string(), store.addr.to_string()), ("NX_STORE_TOKEN".to_string(), token.clone())];
+    let mpi = opts.mode == Mode::Mpi;
     let mut io = JoinSet::new();
     let mut waits: JoinSet<(usize, std::io::Result<ExitStatus>)> = JoinSet::new();
-    let mut ranks = Vec::new();
-    let count = if opts.mode == Mode::Mpi { 1 } else { opts.n };
+    let mut procs = Vec::new();
+    let count = if mpi { 1 } else { opts.n };
     for id in 0..count {
-        match spawn_rank(&opts, id, &env, &mut io) {
-            Ok((mut child, rank)) => {
+        match spawn(&opts, id, &env, &mut io) {
+            Ok((mut child, p)) => {
                 waits.spawn(async move { (id, child.wait().await) });
-                ranks.push(rank);
+                procs.push(p);
             }
             Err(e) => {
-                eprintln!("nx run: cannot start rank {id} ({}): {e}", opts.program[0]);
-                stop(&ranks, &mut waits, opts.grace).await;
+                let what = if mpi { "mpirun".to_string() } else { format!("rank {id} ({})", opts.program[0]) };
+                eprintln!("nx run: cannot start {what}: {e}");
+                stop(&procs, &mut waits, opts.grace).await;
                 return 127;
             }
         }
@@ -232,18 +186,20 @@ async fn supervise(opts: Options) -> i32 {
     let timeout = opts.timeout.unwrap_or(Duration::from_secs(u64::MAX / 4));
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
-    let mut left = count;
+    let mut running = vec![true; count];
     let outcome = loop {
+        if mpi && first_failure(&store).is_some() {
+            break Some(Stop::Recorded);
+        }
         tokio::select! {
             done = waits.join_next() => match done {
                 Some(Ok((id, Ok(status)))) => {
-                    if status.success() {
-                        left -= 1;
-                        if left == 0 {
-                            break None;
-                        }
-                    } else {
+                    running[id] = false;
+                    if !status.success() {
                         break Some(Stop::Failed(id, status));
+                    }
+                    if !running.contains(&true) {
+                        break None;
                     }
                 }
                 Some(Ok((id, Err(e)))) => {
@@ -252,30 +208,66 @@ async fn supervise(opts: Options) -> i32 {
                 }
                 Some(Err(_)) | None => break None,
             },
-            _ = &mut deadline => break Some(Stop::TimedOut),
+            _ = store.changed() => {}
+            // a change between two waits on the store is seen at the next look
+            _ = tokio::time::sleep(Duration::from_millis(200)), if mpi => {}
+            _ = &mut deadline => break Some(Stop::TimedOut((0..count).filter(|&i| running[i]).collect())),
             _ = tokio::signal::ctrl_c() => break Some(Stop::Interrupted("SIGINT")),
             _ = async { match &mut sigterm { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
                 break Some(Stop::Interrupted("SIGTERM"))
             }
         }
     };
-    stop(&ranks, &mut waits, opts.grace).await;
+    // under mpirun, the ranks that had not ended when the run stopped
+    let unfinished: Vec<Started> = {
+        let ended: Vec<usize> = records::<Ended>(&store, ENDED).iter().map(|e| e.rank).collect();
+        records::<Started>(&store, STARTED).into_iter().filter(|s| !ended.contains(&s.rank)).collect()
+    };
+    if matches!(outcome, Some(Stop::Recorded)) {
+        // mpirun stops the job of a failed rank itself: let it (a signal now would interrupt
+        // its own abort), then stop what is left
+        let _ = tokio::time::timeout(opts.grace, async { while waits.join_next().await.is_some() {} }).await;
+    }
+    stop(&procs, &mut waits, opts.grace).await;
     reap_by_token(&token);
     // let the forwarders flush what the ranks wrote
     let _ = tokio::time::timeout(Duration::from_secs(2), async { while io.join_next().await.is_some() {} }).await;
     io.abort_all();
+    let report = Report { opts: &opts, store: &store };
     match outcome {
         None => 0,
-        Some(Stop::Failed(id, status)) => report(&opts, &ranks[id], &describe(&status).0, describe(&status).1),
-        Some(Stop::TimedOut) => {
-            let why = format!("ran past --timeout {:.0?}", timeout);
-            report(&opts, &ranks[0], &why, 124)
+        Some(Stop::Failed(..) | Stop::Recorded) if mpi && first_failure(&store).is_some() => {
+            let e = first_failure(&store).expect("a failure");
+            report.rank(&format!("rank {} (host {})", e.rank, e.host), &e.how, &e.seen, e.code)
+        }
+        Some(Stop::Failed(id, status)) => {
+            let (how, code, _) = describe(&status);
+            let who = if mpi { "mpirun".to_string() } else { format!("rank {id}") };
+            let seen = procs[id].seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            report.rank(&who, &how, &seen, code)
+        }
+        Some(Stop::Recorded) => 1,
+        Some(Stop::TimedOut(direct)) => {
+            let why = format!("ran past --timeout {timeout:.0?}");
+            if mpi {
+                report.hung(&unfinished, &why)
+            } else {
+                let seen = procs[direct[0]].seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                report.rank(&ranks_named(&direct), &why, &seen, 124);
+                124
+            }
         }
         Some(Stop::Interrupted(sig)) => {
             eprintln!("nx run: {sig}: every rank was stopped");
             130
         }
     }
+}
+
+/// `rank 2`, or `ranks 1, 2`.
+fn ranks_named(ids: &[usize]) -> String {
+    let list: Vec<String> = ids.iter().map(|r| r.to_string()).collect();
+    format!("rank{} {}", if ids.len() == 1 { "" } else { "s" }, list.join(", "))
 }
 
 /// SIGKILLs every process whose environment holds this run's store token: the ranks `nx run`
@@ -301,50 +293,67 @@ fn reap_by_token(token: &str) {
 }
 
 /// SIGTERM to every group, `grace`, SIGKILL to every group; waits for the children.
-async fn stop(ranks: &[Rank], waits: &mut JoinSet<(usize, std::io::Result<ExitStatus>)>, grace: Duration) {
-    for r in ranks {
-        killpg(r.pgid, libc::SIGTERM);
+async fn stop(procs: &[Proc], waits: &mut JoinSet<(usize, std::io::Result<ExitStatus>)>, grace: Duration) {
+    for p in procs {
+        killpg(p.pgid, libc::SIGTERM);
     }
     let _ = tokio::time::timeout(grace, async { while waits.join_next().await.is_some() {} }).await;
-    for r in ranks {
-        killpg(r.pgid, libc::SIGKILL);
+    for p in procs {
+        killpg(p.pgid, libc::SIGKILL);
     }
     while waits.join_next().await.is_some() {}
 }
 
-fn report(opts: &Options, rank: &Rank, why: &str, code: i32) -> i32 {
-    let seen = rank.seen.lock().unwrap_or_else(|e| e.into_inner());
-    let tail: Vec<String> = seen.tail.iter().cloned().collect();
-    let who = if opts.mode == Mode::Mpi {
-        // nx's MPI ranks name themselves when they fail: "nx: rank R failed: …"
-        tail.iter()
-            .find_map(|l| {
-                l.strip_prefix("nx: rank ")
-                    .and_then(|r| r.split(' ').next())
-                    .map(|r| format!("rank {r} (under mpirun)"))
-            })
-            .unwrap_or_else(|| "mpirun".to_string())
-    } else {
-        format!("rank {}", rank.id)
-    };
-    let mut out =
-        format!("nx run: {who} {why}; the other ranks were stopped (SIGTERM, then SIGKILL after {:?})\n", opts.grace);
-    if let Some((at, msg)) = &seen.panic {
-        out.push_str(&format!("  panic: {} ({})\n", msg.as_deref().unwrap_or("").trim(), at.trim()));
-    }
-    if let Some(c) = tail.iter().rev().find(|l| l.contains("nx collective")) {
-        out.push_str(&format!("  last collective: {}\n", c.trim()));
-    } else {
-        out.push_str("  last collective: none reported on its stderr\n");
-    }
-    if tail.is_empty() {
-        out.push_str("  its stderr was empty\n");
-    } else {
-        out.push_str("  last lines of its stderr:\n");
-        for l in &tail {
-            out.push_str(&format!("    | {l}\n"));
+/// The root-cause report on stderr.
+struct Report<'a> {
+    opts: &'a Options,
+    store: &'a Served,
+}
+
+impl Report<'_> {
+    /// `who` `why`: its panic, last collective and stderr's last lines; answers `code`.
+    fn rank(&self, who: &str, why: &str, seen: &Seen, code: i32) -> i32 {
+        let mut out = format!(
+            "nx run: {who} {why}; the other ranks were stopped (SIGTERM, then SIGKILL after {:?})\n",
+            self.opts.grace
+        );
+        if let Some((at, msg)) = &seen.panic {
+            out.push_str(&format!("  panic: {} ({})\n", msg.as_deref().unwrap_or("").trim(), at.trim()));
         }
+        match &seen.collective {
+            Some(c) => out.push_str(&format!("  last collective: {}\n", c.trim())),
+            None => out.push_str("  last collective: none reported on its stderr\n"),
+        }
+        if seen.tail.is_empty() {
+            out.push_str("  its stderr was empty\n");
+        } else {
+            out.push_str("  last lines of its stderr:\n");
+            for l in &seen.tail {
+                out.push_str(&format!("    | {l}\n"));
+            }
+        }
+        eprint!("{out}");
+        code
     }
-    eprint!("{out}");
-    code
+
+    /// The ranks under mpirun still running at the timeout, by their records (their stderr as
+    /// their wrappers recorded it once stopped); answers 124.
+    fn hung(&self, unfinished: &[Started], why: &str) -> i32 {
+        let Some(first) = unfinished.first() else {
+            let n = records::<Started>(self.store, STARTED).len();
+            eprintln!("nx run: the run {why} with {n} of {} ranks started and none running", self.opts.n);
+            return 124;
+        };
+        let ids: Vec<usize> = unfinished.iter().map(|s| s.rank).collect();
+        let named: Vec<String> =
+            unfinished.iter().map(|s| format!("{} (host {}, pid {})", s.rank, s.host, s.pid)).collect();
+        let seen = self
+            .store
+            .get(&format!("{ENDED}{}", first.rank))
+            .and_then(|v| serde_json::from_str::<Ended>(&v).ok())
+            .map(|e| e.seen)
+            .unwrap_or_default();
+        let who = format!("rank{} {}", if ids.len() == 1 { "" } else { "s" }, named.join(", "));
+        self.rank(&who, why, &seen, 124)
+    }
 }

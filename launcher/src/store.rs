@@ -1,6 +1,7 @@
 //! The rendezvous store of `nx run`: a key-value store on tokio over TCP. Every client proves the
 //! run's random token first; a connection without it is refused and logged. The protocol is
-//! `nx::store`'s.
+//! `nx::store`'s, plus `STREAM R`, which turns a connection into rank R's output (`1 line` for
+//! stdout, `2 line` for stderr; no replies), printed here line by line.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,12 +15,24 @@ use tokio::sync::Notify;
 #[derive(Default)]
 struct State {
     map: HashMap<String, String>,
+    barriers: HashMap<String, Barrier>,
+}
+
+/// A reusable barrier: the clients it waits for, how many have arrived in this round, and how
+/// many rounds have passed (a client waits for the round it arrived in to pass).
+#[derive(Debug)]
+struct Barrier {
+    n: i64,
+    count: i64,
+    round: u64,
 }
 
 struct Shared {
     state: Mutex<State>,
     changed: Notify,
     token: String,
+    /// Prefix the lines of a rank's stream with `[R] `.
+    tag: bool,
 }
 
 /// A random token: 16 bytes of the OS's randomness, in hex.
@@ -30,15 +43,45 @@ pub fn random_token() -> std::io::Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
+/// A store being served: where it listens, and its keys as `nx run` reads them.
+pub struct Served {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Served {
+    /// The value of `key`, or `None`.
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).map.get(key).cloned()
+    }
+
+    /// Every key that starts with `prefix`, with its value, in key order.
+    pub fn with_prefix(&self, prefix: &str) -> Vec<(String, String)> {
+        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(String, String)> =
+            st.map.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        out.sort();
+        out
+    }
+
+    /// Waits until a client next changes the store.
+    pub async fn changed(&self) {
+        self.shared.changed.notified().await
+    }
+}
+
 /// Binds the store to `bind` (`127.0.0.1:0` for any free port) and serves it on the current tokio
-/// runtime; answers the bound address.
+/// runtime; answers the served store. Lines that ranks stream to it (`STREAM R`) are printed on
+/// this process's stdout and stderr, each whole, prefixed `[R] ` where `tag`.
 ///
 /// # Errors
 /// The bind's I/O error.
-pub async fn serve(bind: &str, token: String) -> std::io::Result<SocketAddr> {
+pub async fn serve(bind: &str, token: String, tag: bool) -> std::io::Result<Served> {
     let listener = TcpListener::bind(bind).await?;
     let addr = listener.local_addr()?;
-    let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Notify::new(), token });
+    let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Notify::new(), token, tag });
+    let served = Served { addr, shared: shared.clone() };
     tokio::spawn(async move {
         loop {
             let Ok((sock, peer)) = listener.accept().await else { continue };
@@ -50,7 +93,7 @@ pub async fn serve(bind: &str, token: String) -> std::io::Result<SocketAddr> {
             });
         }
     });
-    Ok(addr)
+    Ok(served)
 }
 
 /// A store served on a thread of its own, for programs without a runtime (tests). Stops when
@@ -84,7 +127,7 @@ pub fn start(bind: &str, token: &str) -> std::io::Result<Background> {
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         rt.block_on(async move {
-            let r = serve(&bind, token).await;
+            let r = serve(&bind, token, false).await.map(|s| s.addr);
             let ok = r.is_ok();
             let _ = tx.send(r);
             if ok {
@@ -109,6 +152,18 @@ async fn client(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> std::
         }
     }
     while let Some(line) = lines.next_line().await? {
+        if let Some(rank) = line.strip_prefix("STREAM ") {
+            // from here on the connection carries a rank's output: `1 line` (stdout) or `2 line`
+            let tag = shared.tag.then(|| format!("[{}] ", rank.trim()));
+            while let Some(l) = lines.next_line().await? {
+                match l.split_once(' ').or(if l.len() == 1 { Some((l.as_str(), "")) } else { None }) {
+                    Some(("1", text)) => crate::child::print_line(tag.as_deref(), false, text),
+                    Some(("2", text)) => crate::child::print_line(tag.as_deref(), true, text),
+                    _ => {}
+                }
+            }
+            return Ok(());
+        }
         let reply = answer(&shared, &line).await;
         w.write_all(reply.as_bytes()).await?;
         w.write_all(b"\n").await?;
@@ -146,10 +201,13 @@ async fn answer(shared: &Shared, line: &str) -> String {
             Ok(d) => {
                 let mut st = lock();
                 let cur: i64 = st.map.get(a).and_then(|v| v.parse().ok()).unwrap_or(0);
-                st.map.insert(a.to_string(), (cur + d).to_string());
+                let Some(sum) = cur.checked_add(d) else {
+                    return format!("ERR ADD {a}: {cur} + {d} overflows a 64-bit integer");
+                };
+                st.map.insert(a.to_string(), sum.to_string());
                 drop(st);
                 shared.changed.notify_waiters();
-                format!("VAL {}", cur + d)
+                format!("VAL {sum}")
             }
             Err(_) => format!("ERR ADD {a}: {b:?} is not an integer"),
         },
@@ -164,23 +222,38 @@ async fn answer(shared: &Shared, line: &str) -> String {
             let mut nb = b.splitn(2, ' ');
             let (n, ms) = (nb.next().unwrap_or("").parse::<i64>(), nb.next().unwrap_or("").parse::<u64>());
             let (Ok(n), Ok(ms)) = (n, ms) else { return format!("ERR BARRIER {a}: give a count and milliseconds") };
-            let key = format!("\u{1}barrier/{a}");
-            {
-                let mut st = lock();
-                let cur: i64 = st.map.get(&key).and_then(|v| v.parse().ok()).unwrap_or(0);
-                st.map.insert(key.clone(), (cur + 1).to_string());
+            if n < 1 {
+                return format!("ERR BARRIER {a}: a barrier of {n} clients");
             }
+            // arrive in the current round; the last arrival ends it and opens the next
+            let round = {
+                let mut st = lock();
+                let bar = st.barriers.entry(a.to_string()).or_insert(Barrier { n, count: 0, round: 0 });
+                if bar.count > 0 && bar.n != n {
+                    return format!("ERR barrier {a:?} waits for {} clients; this one asked for {n}", bar.n);
+                }
+                bar.n = n;
+                bar.count += 1;
+                let round = bar.round;
+                if bar.count >= n {
+                    bar.count = 0;
+                    bar.round += 1;
+                }
+                round
+            };
             shared.changed.notify_waiters();
-            let done = wait_for(shared, ms, |st| {
-                let c: i64 = st.map.get(&key).and_then(|v| v.parse().ok()).unwrap_or(0);
-                (c >= n).then(String::new)
-            })
-            .await;
-            match done {
+            let passed = |st: &State| st.barriers.get(a).is_some_and(|bar| bar.round > round);
+            match wait_for(shared, ms, |st| passed(st).then(String::new)).await {
                 Some(_) => "OK".into(),
                 None => {
-                    let c = lock().map.get(&key).cloned().unwrap_or_default();
-                    format!("ERR barrier {a:?} timed out after {ms} ms with {c} of {n} arrived")
+                    // withdraw this arrival, unless the round passed meanwhile
+                    let mut st = lock();
+                    if passed(&st) {
+                        return "OK".into();
+                    }
+                    let bar = st.barriers.get_mut(a).expect("arrived above");
+                    bar.count -= 1;
+                    format!("ERR barrier {a:?} timed out after {ms} ms with {} of {n} arrived", bar.count + 1)
                 }
             }
         }

@@ -133,3 +133,125 @@ fn bench_collectives_reports_nccl_style_json() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown backend \"carrier-pigeon\""));
 }
+
+/// Runs `nx` with `args`, at most `limit`; answers its output, killed past the limit.
+fn nx_within(args: &[&str], limit: std::time::Duration) -> Output {
+    use std::time::Instant;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nx"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("nx runs");
+    let start = Instant::now();
+    while child.try_wait().expect("waitable").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("nx {args:?} ran past {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("output")
+}
+
+#[test]
+fn bad_input_is_one_line_naming_the_problem_never_a_panic() {
+    // (arguments, what the one line on stderr must contain)
+    let table: &[(&[&str], &str)] = &[
+        // numbers: zero, negative, huge, not numbers
+        (&["bench", "kernels", "--size", "0"], "\"0\" is not a whole number from 1"),
+        (&["bench", "kernels", "--size", "-5"], "--size"),
+        (&["bench", "kernels", "--size", "abc"], "\"abc\" is not a whole number"),
+        (&["bench", "kernels", "--size", "99999999999999999999999"], "is not a whole number"),
+        (&["bench", "kernels", "--matmul", "0"], "\"0\" is not a whole number from 1 to 65536"),
+        (&["bench", "kernels", "--repeats", "0"], "\"0\" is not a whole number from 1"),
+        (&["bench", "collectives", "--ranks", "0"], "\"0\" is not a whole number from 1 to 4096"),
+        (&["bench", "collectives", "--ranks", "100000"], "from 1 to 4096"),
+        (&["bench", "collectives", "--max-bytes", "0"], "from 4096"),
+        (&["bench", "collectives", "--backend", "nope"], "unknown backend \"nope\""),
+        (&["run", "--timeout", "1e20", "--", "true"], "\"1e20\" is not a number of seconds above 0"),
+        (&["run", "--timeout", "0", "--", "true"], "above 0"),
+        (&["run", "--timeout", "-1", "--", "true"], "--timeout"),
+        (&["run", "--timeout", "nan", "--", "true"], "\"nan\" is not a number of seconds"),
+        (&["run", "--timeout", "inf", "--", "true"], "\"inf\" is not a number of seconds"),
+        (&["run", "--grace", "1e20", "--", "true"], "\"1e20\" is not a number of seconds from 0"),
+        (&["run", "--grace", "-1", "--", "true"], "--grace"),
+        (&["run", "-n", "0", "--", "true"], "\"0\" is not a whole number from 1 to 4096"),
+        (&["run", "-n", "100000", "--", "true"], "from 1 to 4096"),
+        (&["run", "--direct", "-n", "2"], "PROGRAM"),
+        (&["run", "--direct", "--", "/nonexistent/program"], "cannot start rank 0 (/nonexistent/program)"),
+        (&["run", "--direct", "--store-addr", "nonsense", "--", "true"], "the store cannot listen on nonsense"),
+        (&["rank", "--", "true"], "nx rank: no rank in the environment"),
+        // meshes
+        (
+            &["show", "--mesh", "x=100000000000", "--placement", "on", "--shape", "4"],
+            "past the most devices a mesh spans",
+        ),
+        (&["show", "--mesh", "x=4294967296,y=4294967296", "--placement", "on", "--shape", "4"], "most devices"),
+        (&["show", "--mesh", "x=0", "--placement", "on", "--shape", "4"], "--mesh"),
+        (&["show", "--mesh", "dp=2,dp=2", "--placement", "on", "--shape", "4"], "--mesh"),
+        (&["show", "--mesh", "=2", "--placement", "on", "--shape", "4"], "--mesh"),
+        (&["show", "--mesh", "dp=2,tp", "--placement", "on", "--shape", "4"], "--mesh"),
+        (&["show", "--mesh", "dp=-2", "--placement", "on", "--shape", "4"], "--mesh"),
+        // placements
+        (&["show", "--mesh", "dp=2", "--placement", "mesh(0:zz)", "--shape", "4"], "no axis \"zz\""),
+        (&["show", "--mesh", "dp=2", "--placement", "mesh(0:dp", "--shape", "4"], "--placement"),
+        (&["show", "--mesh", "dp=2", "--placement", "split(99)", "--shape", "4"], "tensor axis 99 is not below"),
+        (&["show", "--mesh", "dp=2", "--placement", "split(1)", "--shape", "4"], "split(1)"),
+        (&["show", "--mesh", "dp=2", "--placement", "device(9)", "--shape", "4"], "device"),
+        (&["show", "--mesh", "dp=2", "--placement", "partial(dp; 0:dp)", "--shape", "4"], "both summed and in a cut"),
+        (&["show", "--mesh", "dp=2", "--placement", "frobnicate", "--shape", "4"], "--placement"),
+        // shapes
+        (&["show", "--mesh", "dp=2", "--placement", "on", "--shape", "4,-1"], "\"-1\" in shape"),
+        (&["show", "--mesh", "dp=2", "--placement", "on", "--shape", "4,abc"], "\"abc\" in shape"),
+        (&["show", "--mesh", "dp=2", "--placement", "on", "--shape", "18446744073709551616"], "in shape"),
+        (
+            &[
+                "plan",
+                "--mesh",
+                "dp=2,tp=4",
+                "--shape",
+                "4294967296,4294967296,65536",
+                "--from",
+                "mesh(0:tp)",
+                "--to",
+                "mesh(1:tp)",
+            ],
+            "too large to count in 64 bits",
+        ),
+        (
+            &[
+                "plan",
+                "--mesh",
+                "dp=2",
+                "--shape",
+                "18446744073709551615,18446744073709551615",
+                "--from",
+                "on",
+                "--to",
+                "split(0)",
+            ],
+            "too large",
+        ),
+        // dtypes and the rest
+        (
+            &["plan", "--mesh", "dp=2", "--shape", "4", "--dtype", "float128", "--from", "on", "--to", "split(0)"],
+            "unknown dtype \"float128\"",
+        ),
+        (&["plan", "--mesh", "dp=2", "--shape", "4", "--from", "on(", "--to", "split(0)"], "--from"),
+        (&["frobnicate"], "frobnicate"),
+    ];
+    for (args, want) in table {
+        let o = nx_within(args, std::time::Duration::from_secs(20));
+        let err = String::from_utf8_lossy(&o.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(!o.status.success(), "nx {args:?} succeeded");
+        assert!(
+            !err.contains("panicked") && !String::from_utf8_lossy(&o.stdout).contains("panicked"),
+            "nx {args:?}: {err}"
+        );
+        assert_eq!(lines.len(), 1, "nx {args:?}: one line on stderr, got {err:?}");
+        assert!(lines[0].contains(want), "nx {args:?}: {:?} lacks {want:?}", lines[0]);
+    }
+}

@@ -113,7 +113,7 @@ fn a_rank_that_hangs_past_the_timeout_is_stopped_and_reported() {
     let (out, took) = finish(child, Duration::from_secs(20));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(124), "{err}");
-    assert!(err.contains("ran past --timeout"), "{err}");
+    assert!(err.contains("nx run: ranks 0, 1 ran past --timeout 1s"), "{err}");
     assert!(took < Duration::from_secs(6), "{took:?}");
     all_gone(&dir);
 }
@@ -150,22 +150,70 @@ fn twenty_runs_leave_no_process_behind() {
 }
 
 #[test]
+fn a_rank_that_hangs_alone_is_the_one_named() {
+    let dir = Dir::new("hang-one");
+    let args = ["--direct", "-n", "3", "--timeout", "2", "--grace", "1", "--", HELPER, "hang", "2"];
+    let (out, _) = finish(nx_run(&dir, &args).spawn().unwrap(), Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{err}");
+    assert!(err.contains("nx run: rank 2 ran past --timeout 2s"), "{err}");
+    all_gone(&dir);
+}
+
+#[test]
 fn the_same_failures_through_mpirun() {
+    // each report names the failing rank and its host, its status or signal, as direct ones do
     let dir = Dir::new("mpi");
     let child = nx_run(&dir, &["--mpi", "-n", "3", "--grace", "1", "--", HELPER, "panic", "1"]).spawn().unwrap();
     let (out, _) = finish(child, Duration::from_secs(60));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(101), "{err}");
+    assert!(err.contains("nx run: rank 1 (host ") && err.contains(") exited with status 101"), "{err}");
     assert!(err.contains("panic: boom from rank 1"), "{err}");
     all_gone(&dir);
     let child = nx_run(&dir, &["--mpi", "-n", "3", "--grace", "1", "--", HELPER, "sigkill", "2"]).spawn().unwrap();
     let (out, _) = finish(child, Duration::from_secs(60));
-    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 9), "{err}");
+    assert!(err.contains("nx run: rank 2 (host ") && err.contains(") was killed by signal 9 (SIGKILL)"), "{err}");
     all_gone(&dir);
-    let child =
-        nx_run(&dir, &["--mpi", "-n", "2", "--timeout", "2", "--grace", "1", "--", HELPER, "hang"]).spawn().unwrap();
+    let args = ["--mpi", "-n", "3", "--timeout", "2", "--grace", "1", "--", HELPER, "hang", "1"];
+    let (out, took) = finish(nx_run(&dir, &args).spawn().unwrap(), Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{err}");
+    assert!(err.contains("nx run: rank 1 (host ") && err.contains("ran past --timeout 2s"), "{err}");
+    assert!(took < Duration::from_secs(2 + 1 + 5), "{took:?}");
+    all_gone(&dir);
+}
+
+#[test]
+fn mpirun_ranks_get_their_variables_and_tagged_whole_lines() {
+    let dir = Dir::new("mpi-env");
+    let child = nx_run(&dir, &["--mpi", "-n", "3", "--tag-output", "--", HELPER, "env"]).spawn().unwrap();
     let (out, _) = finish(child, Duration::from_secs(60));
-    assert_eq!(out.status.code(), Some(124), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for r in 0..3 {
+        let want = format!("[{r}] rank {r}: NX_RANK={r} NX_WORLD_SIZE=3 NX_LOCAL_RANK={r} NX_LOCAL_WORLD_SIZE=3");
+        assert!(text.lines().any(|l| l == want), "{want:?} in\n{text}");
+    }
+    let child = nx_run(&dir, &["--mpi", "-n", "3", "--tag-output", "--", HELPER, "lines", "200"]).spawn().unwrap();
+    let (out, _) = finish(child, Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3 * 200);
+    for l in lines {
+        let r = l.strip_prefix('[').and_then(|s| s.split_once("] ")).expect("a tag");
+        assert!(r.1.starts_with(&format!("rank {} line", r.0)) && r.1.ends_with(&"x".repeat(200)), "{l}");
+    }
+    // and they meet through the store (twice at one barrier)
+    let (out, _) =
+        finish(nx_run(&dir, &["--mpi", "-n", "3", "--", HELPER, "store"]).spawn().unwrap(), Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for r in 0..3 {
+        assert!(text.contains(&format!("rank {r} met hello-{}", (r + 1) % 3)), "{text}");
+    }
     all_gone(&dir);
 }
 
@@ -207,6 +255,11 @@ fn the_store_under_64_clients_loses_nothing_and_refuses_strangers() {
                 c.set(&format!("k{i}"), &format!("v{i}")).unwrap();
                 c.add("total", 1).unwrap();
                 c.barrier("everyone", 64, Duration::from_secs(20)).unwrap();
+                // reusable: the same name again, and again
+                c.add("between", 1).unwrap();
+                c.barrier("everyone", 64, Duration::from_secs(20)).unwrap();
+                assert_eq!(c.add("between", 0).unwrap(), 64, "the second barrier waited for all");
+                c.barrier("everyone", 64, Duration::from_secs(20)).unwrap();
             });
         }
     });
@@ -215,6 +268,13 @@ fn the_store_under_64_clients_loses_nothing_and_refuses_strangers() {
         assert_eq!(c.get(&format!("k{i}")).unwrap(), Some(format!("v{i}")));
     }
     assert_eq!(c.add("total", 0).unwrap(), 64);
+    let e = c.add("total", i64::MAX).unwrap_err().to_string();
+    assert!(e.contains("overflows"), "{e}");
+    // a barrier that times out withdraws its arrival, and a count that disagrees is refused
+    let e = c.barrier("pair", 2, Duration::from_millis(100)).unwrap_err().to_string();
+    assert!(e.contains("barrier \"pair\" timed out after 100 ms with 1 of 2 arrived"), "{e}");
+    let e = c.barrier("pair", 2, Duration::from_millis(100)).unwrap_err().to_string();
+    assert!(e.contains("with 1 of 2 arrived"), "{e}");
     let e = c.wait("missing", Duration::from_millis(200)).unwrap_err().to_string();
     assert!(e.contains("timed out after 200 ms waiting for key \"missing\""), "{e}");
     let e = nx::store::StoreClient::connect(&addr, "guess", Duration::from_secs(5)).unwrap_err().to_string();

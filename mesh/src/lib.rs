@@ -98,6 +98,16 @@ pub enum Error {
         /// The axis.
         name: String,
     },
+    /// A mesh of more devices than [`MAX_DEVICES`] (or than `usize` counts).
+    #[error("{func}: mesh extents {extents:?} multiply past the most devices a mesh spans, {max}")]
+    TooManyDevices {
+        /// The function called.
+        func: &'static str,
+        /// The extents given.
+        extents: Vec<usize>,
+        /// [`MAX_DEVICES`].
+        max: usize,
+    },
     /// The mesh's extents do not multiply to the set's size.
     #[error("{func}: mesh extents {extents:?} multiply to {product}, but the set has {devices} devices")]
     SizeMismatch {
@@ -394,3 +404,7 @@ impl<'d, 'e> Equal<'d, 'e> {
 /// The most axes an array (and so a placement's cut) may have: 16, as many as a Bigarray. Shared by
 /// placements and layouts.
 pub const MAX_RANK: usize = 16;
+
+/// The most devices a mesh spans (2^20, a million: past the largest machines built; a mesh's
+/// coordinates and a plan's per-device figures are computed for every device).
+pub const MAX_DEVICES: usize = 1 << 20;

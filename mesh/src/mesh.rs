@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::{Devices, Error, Result};
+use crate::{Devices, Error, Result, MAX_DEVICES};
 
 /// Named mesh axes with extents, unbranded: what a configuration file or the command line holds.
 ///
@@ -42,6 +42,10 @@ impl MeshSpec {
                 return Err(Error::ZeroExtent { func, name: name.clone() });
             }
         }
+        let size = axes.iter().try_fold(1usize, |p, a| p.checked_mul(a.1));
+        if size.is_none_or(|s| s > MAX_DEVICES) {
+            return Err(Error::TooManyDevices { func, extents: axes.iter().map(|a| a.1).collect(), max: MAX_DEVICES });
+        }
         Ok(MeshSpec { axes })
     }
 
@@ -50,7 +54,8 @@ impl MeshSpec {
         &self.axes
     }
 
-    /// The number of devices the mesh spans: the product of its extents (1 for no axes).
+    /// The number of devices the mesh spans: the product of its extents (1 for no axes; at most
+    /// [`MAX_DEVICES`], checked when the spec was made).
     pub fn size(&self) -> usize {
         self.axes.iter().map(|a| a.1).product()
     }

@@ -109,6 +109,19 @@ pub enum Error {
         /// The shape.
         shape: Vec<usize>,
     },
+    /// A value too large to count: its elements (or, in a plan, its bytes times four times the
+    /// square of the devices, the most any plan's figures reach) pass `u64`.
+    #[error("{func}: a value of shape {shape:?} of {elem_bytes}-byte elements over {devices} devices is too large to count in 64 bits")]
+    TooLarge {
+        /// The function called.
+        func: &'static str,
+        /// The shape.
+        shape: Vec<usize>,
+        /// Bytes an element (1 where only elements are counted).
+        elem_bytes: usize,
+        /// The devices of the set (both sets, in a plan).
+        devices: usize,
+    },
     /// Malformed placement text.
     #[error("nx_placement::PlacementSpec::from_str: cannot read {text:?} at column {column}: {why}")]
     Parse {

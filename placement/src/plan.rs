@@ -178,9 +178,10 @@ impl Plan {
         self.floor.as_deref()
     }
 
-    /// The bytes of the whole value.
+    /// The bytes of the whole value (they fit: [`plan`] checks them; a plan built by hand past
+    /// that answers `u64::MAX`).
     pub fn value_bytes(&self) -> u64 {
-        self.shape.iter().map(|&n| n as u64).product::<u64>() * self.elem_bytes as u64
+        self.shape.iter().try_fold(self.elem_bytes as u64, |a, &n| a.checked_mul(n as u64)).unwrap_or(u64::MAX)
     }
 
     /// The plan's predicted time under `model`, in seconds.
@@ -321,10 +322,10 @@ struct Ctx<'a, 'd, 'e> {
 /// lie over another set). See the [module documentation](self).
 ///
 /// # Errors
-/// [`crate::Error::RankTooSmall`] when either placement cuts an axis past the shape's rank.
+/// [`crate::Error::RankTooSmall`] when either placement cuts an axis past the shape's rank;
+/// [`crate::Error::TooLarge`] for a value whose bytes, times four times the square of the devices,
+/// pass `u64`.
 pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], elem_bytes: usize) -> Result<Plan> {
-    from.check_shape("nx_placement::plan", shape)?;
-    to.check_shape("nx_placement::plan", shape)?;
     let mut devices: Vec<Device> = from.devices().as_slice().to_vec();
     for d in to.devices().as_slice() {
         if !devices.contains(d) {
@@ -332,6 +333,20 @@ pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], e
         }
     }
     let n = devices.len();
+    // every figure a plan counts — one device's bytes in a step, all devices' together over every
+    // step — is at most the value's bytes times 4·n²: checked once here, so that the arithmetic
+    // below cannot overflow
+    let bytes = shape.iter().try_fold(elem_bytes as u64, |a, &x| a.checked_mul(x as u64));
+    if bytes.and_then(|b| b.checked_mul(4 * (n as u64) * (n as u64))).is_none() {
+        return Err(crate::Error::TooLarge {
+            func: "nx_placement::plan",
+            shape: shape.to_vec(),
+            elem_bytes,
+            devices: n,
+        });
+    }
+    from.check_shape("nx_placement::plan", shape)?;
+    to.check_shape("nx_placement::plan", shape)?;
     let to_pos: Vec<Option<usize>> = devices.iter().map(|d| to.devices().position(d)).collect();
     let same_set = from.devices().same_list(to.devices());
     let cx = Ctx { from, to, same_set, n, to_pos, eb: elem_bytes as u64 };

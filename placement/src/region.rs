@@ -5,9 +5,13 @@ use std::ops::Range;
 /// A box of elements: one half-open range per tensor axis. A box of rank 0 holds one element.
 pub type Window = Vec<Range<usize>>;
 
-/// The number of elements of `w`.
+/// The number of elements of `w`, saturating at `u64::MAX` (the windows of a placement of a
+/// shape always fit: its element count is checked wherever a shape is taken).
 pub fn volume(w: &[Range<usize>]) -> u64 {
-    w.iter().map(|r| r.len() as u64).product()
+    if w.iter().any(|r| r.is_empty()) {
+        return 0;
+    }
+    w.iter().fold(1u64, |a, r| a.saturating_mul(r.len() as u64))
 }
 
 /// The common part of `a` and `b`, or `None` where they share no element.

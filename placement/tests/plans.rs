@@ -121,7 +121,10 @@ fn between_two_sets_only_the_overlaps_move() {
             assert_eq!(pl.floor().unwrap(), pl.bytes_received());
             let text = pl.to_string();
             assert!(text.contains("send/recv"), "{text}");
-            assert!(text.contains("reached"), "{text}");
+            // the exact floor line: the floor per device, then ", reached" (", NOT reached" where missed)
+            let line = "  floor (bytes the new windows need and the old lack): [0 B, 0 B, 8 B, 8 B, 8 B, 8 B], reached";
+            assert!(text.lines().any(|l| l == line), "{text}");
+            assert!(!text.contains("NOT reached"), "{text}");
         })
         .unwrap();
     })

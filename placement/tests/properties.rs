@@ -65,8 +65,83 @@ fn with_placements<R>(mesh: &MeshSpec, specs: &[&PlacementSpec], f: impl for<'d>
     .unwrap()
 }
 
+/// A window as (start, end) per tensor axis. The windows below are computed from the reference's
+/// rules alone, independently of the library's `region` and `Placement::window`.
+type Boxes = Vec<(usize, usize)>;
+
+/// Window `i` of `n` elements cut `k` ways: windows i < n mod k hold n/k + 1 elements, the others
+/// n/k, in order from 0.
+fn cut(n: usize, k: usize, i: usize) -> (usize, usize) {
+    let len = |j: usize| n / k + usize::from(j < n % k);
+    let start: usize = (0..i).map(len).sum();
+    (start, start + len(i))
+}
+
+/// Device `d`'s coordinates on a mesh of `extents`, row-major (the last axis fastest).
+fn coords(extents: &[usize], d: usize) -> Vec<usize> {
+    (0..extents.len()).map(|j| d / extents[j + 1..].iter().product::<usize>() % extents[j]).collect()
+}
+
+/// The window device `d` holds of a value of `shape` at `spec` over a mesh of named `axes`
+/// (`on`, `device` and `split` over the flat mesh of all the mesh's devices); `None` for none.
+fn window_of(spec: &PlacementSpec, axes: &[(String, usize)], shape: &[usize], d: usize) -> Option<Boxes> {
+    let whole: Boxes = shape.iter().map(|&n| (0, n)).collect();
+    let devices: usize = axes.iter().map(|a| a.1).product();
+    let cuts = match spec {
+        PlacementSpec::On => return Some(whole),
+        PlacementSpec::Device(k) => return (*k == d).then_some(whole),
+        PlacementSpec::Split(a) => {
+            let mut w = whole;
+            w[*a] = cut(shape[*a], devices, d);
+            return Some(w);
+        }
+        PlacementSpec::Mesh { cuts } | PlacementSpec::Partial { cuts, .. } => cuts,
+    };
+    let extents: Vec<usize> = axes.iter().map(|a| a.1).collect();
+    let c = coords(&extents, d);
+    let at = |name: &String| axes.iter().position(|a| &a.0 == name).expect("a mesh axis");
+    let mut w = whole;
+    for (axis, names) in cuts {
+        // mixed radix over the cut's mesh axes, the first major
+        let (ways, num) =
+            names.iter().fold((1, 0), |(k, i), name| (k * extents[at(name)], i * extents[at(name)] + c[at(name)]));
+        w[*axis] = cut(shape[*axis], ways, num);
+    }
+    Some(w)
+}
+
+/// Whether device `d` holds term 0 of `spec` (every device does of a value that is no sum).
+fn holds_term_0(spec: &PlacementSpec, axes: &[(String, usize)], d: usize) -> bool {
+    let PlacementSpec::Partial { sums, .. } = spec else { return true };
+    let extents: Vec<usize> = axes.iter().map(|a| a.1).collect();
+    let c = coords(&extents, d);
+    sums.iter().all(|name| c[axes.iter().position(|a| &a.0 == name).expect("a mesh axis")] == 0)
+}
+
+fn elements(w: &Boxes) -> u64 {
+    w.iter().map(|&(a, b)| (b - a) as u64).product()
+}
+
+/// The elements of `new` that `old` lacks.
+fn lacking(old: &Option<Boxes>, new: &Option<Boxes>) -> u64 {
+    match (old, new) {
+        (_, None) => 0,
+        (None, Some(n)) => elements(n),
+        (Some(o), Some(n)) => {
+            let common: u64 =
+                o.iter().zip(n).map(|(&(a, b), &(c, d))| d.min(b).saturating_sub(c.max(a)) as u64).product();
+            elements(n) - common
+        }
+    }
+}
+
+/// The mesh's axes: (name, extent), major first.
+fn named(mesh: &MeshSpec) -> Vec<(String, usize)> {
+    mesh.axes().to_vec()
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig::with_cases(20000))]
 
     #[test]
     fn windows_tile_each_copy_group_once((mesh, shape, a, _b) in arb_case()) {
@@ -158,8 +233,25 @@ proptest! {
                 let recv: u64 = s.bytes_received.iter().sum();
                 prop_assert_eq!(sent, recv, "every byte sent is received: {}", pl);
             }
-            if let Some(floor) = pl.floor() {
-                prop_assert_eq!(pl.bytes_received(), floor.to_vec(), "{}", pl);
+            // The floor, from the windows alone: each device's new window less its old one. A partial
+            // source is first closed by a reduction, whose bytes no window difference gives: no
+            // floor. A partial target's devices of terms other than 0 get zeros: they need nothing.
+            let axes = named(&mesh);
+            let old: Vec<Option<Boxes>> = (0..n).map(|d| window_of(&from, &axes, &shape, d)).collect();
+            let new: Vec<Option<Boxes>> = (0..n).map(|d| window_of(&to, &axes, &shape, d)).collect();
+            let partial = |s: &PlacementSpec| matches!(s, PlacementSpec::Partial { .. });
+            let floor: Vec<u64> = (0..n).map(|d| lacking(&old[d], &new[d]) * elem as u64).collect();
+            if partial(&from) || partial(&to) {
+                prop_assert_eq!(pl.floor(), None, "{}", pl);
+            } else {
+                prop_assert_eq!(pl.floor(), Some(&floor[..]), "{}", pl);
+                prop_assert_eq!(pl.bytes_received(), floor.clone(), "{}", pl);
+            }
+            if !partial(&from) {
+                let need: Vec<u64> = (0..n)
+                    .map(|d| if holds_term_0(&to, &axes, d) { lacking(&old[d], &new[d]) * elem as u64 } else { 0 })
+                    .collect();
+                prop_assert_eq!(pl.bytes_received(), need, "{}", pl);
             }
             if ps[0].equal(&ps[1]) {
                 prop_assert!(pl.steps.is_empty(), "{}", pl);
@@ -190,8 +282,23 @@ proptest! {
                 let q = to_spec.over(&Mesh::flat(&t)).unwrap();
                 let pl = plan(&p, &q, &shape, 4).unwrap();
                 prop_assert_eq!(pl.devices.len(), n + extra);
-                if let Some(floor) = pl.floor() {
-                    prop_assert_eq!(pl.bytes_received(), floor.to_vec(), "{}", pl);
+                // The floor from the windows alone (as above): the plan's devices are `from`'s set,
+                // then `to`'s new ones; `to`'s device j is the plan's n - keep + j.
+                let (axes, flat) = (named(&mesh), named(&MeshSpec::new(&[("x", to_list.len())]).unwrap()));
+                let partial = |s: &PlacementSpec| matches!(s, PlacementSpec::Partial { .. });
+                let old = |u: usize| if u < n { window_of(&from, &axes, &shape, u) } else { None };
+                let new = |u: usize| if u >= n - keep { window_of(&to_spec, &flat, &shape, u - (n - keep)) } else { None };
+                let floor: Vec<u64> = (0..n + extra).map(|u| lacking(&old(u), &new(u)) * 4).collect();
+                if partial(&from) || partial(&to_spec) {
+                    prop_assert_eq!(pl.floor(), None, "{}", pl);
+                } else {
+                    prop_assert_eq!(pl.floor(), Some(&floor[..]), "{}", pl);
+                    prop_assert_eq!(pl.bytes_received(), floor.clone(), "{}", pl);
+                }
+                if !partial(&from) {
+                    let term_0 = |u: usize| u < n - keep || holds_term_0(&to_spec, &flat, u - (n - keep));
+                    let need: Vec<u64> = (0..n + extra).map(|u| if term_0(u) { floor[u] } else { 0 }).collect();
+                    prop_assert_eq!(pl.bytes_received(), need, "{}", pl);
                 }
                 Ok(())
             }).unwrap()

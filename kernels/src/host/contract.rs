@@ -10,7 +10,7 @@ use super::through_door;
 use crate::door::{identical, Operand};
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
 use crate::kernels::Contraction;
-use crate::layout::{numel, Layout, Move};
+use crate::layout::{extent_product, Layout, Move};
 use crate::{Answer, Dtype, Element};
 
 /// Output tile edge: fixed, so the tiling (hence every bit) does not depend on the thread count.
@@ -134,7 +134,7 @@ pub(crate) fn contract(
         let con_b: Vec<usize> = spec.contracting.iter().map(|p| p.1).collect();
         let free_a: Vec<usize> = (0..sa.len()).filter(|x| !batch_a.contains(x) && !con_a.contains(x)).collect();
         let free_b: Vec<usize> = (0..sb.len()).filter(|x| !batch_b.contains(x) && !con_b.contains(x)).collect();
-        let ext = |s: &[usize], ax: &[usize]| numel(&ax.iter().map(|&x| s[x]).collect::<Vec<_>>());
+        let ext = |s: &[usize], ax: &[usize]| extent_product(ax.iter().map(|&x| s[x]));
         let dims = Dims { b: ext(sa, &batch_a), m: ext(sa, &free_a), n: ext(sb, &free_b), k: ext(sa, &con_a) };
         let perm_a: Vec<usize> = batch_a.iter().chain(&free_a).chain(&con_a).copied().collect();
         let perm_b: Vec<usize> = batch_b.iter().chain(&con_b).chain(&free_b).copied().collect();

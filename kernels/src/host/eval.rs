@@ -2,7 +2,7 @@
 
 use crate::door::Operand;
 use crate::host::reg::{self, Reg, Src};
-use crate::layout::{numel, Layout, Move};
+use crate::layout::{extent_product, Layout, Move};
 use crate::prog::{Node, Prog, Ty};
 use crate::{Answer, Dtype};
 
@@ -151,7 +151,7 @@ impl<'p> Bound<'p> {
 
     /// The loop's number of indices.
     pub(crate) fn numel(&self) -> usize {
-        numel(&self.shape)
+        extent_product(self.shape.iter().copied())
     }
 
     /// A fresh register per node.

@@ -1,8 +1,9 @@
 //! `nx-rank-helper MODE [ARG]`: a stand-in rank for the tests of `nx run`. It reads its rank from
 //! `NX_RANK` (or Open MPI's variable), writes its pid (and its child's) into `$NX_TEST_DIR`, and
 //! then, by mode: `ok`, `child` (leaves a `sleep` child in its group, exits 0), `panic R`,
-//! `sigkill R` (rank R kills itself with SIGKILL), `hang`, `lines K`, `store` (meets the others
-//! through the store).
+//! `sigkill R` (rank R kills itself with SIGKILL), `hang [R]` (every rank, or rank R alone while
+//! the others exit 0), `lines K`, `store` (meets the others through the store, twice at one
+//! barrier), `env` (prints the rank's variables).
 
 use std::time::Duration;
 
@@ -53,7 +54,20 @@ fn main() {
             }
             long();
         }
-        "hang" => long(),
+        "hang" => match arg {
+            Some(h) if h != r => println!("rank {r} ok"),
+            _ => long(),
+        },
+        "env" => {
+            let v = |k: &str| std::env::var(k).unwrap_or_else(|_| "unset".into());
+            println!(
+                "rank {r}: NX_RANK={} NX_WORLD_SIZE={} NX_LOCAL_RANK={} NX_LOCAL_WORLD_SIZE={}",
+                v("NX_RANK"),
+                v("NX_WORLD_SIZE"),
+                v("NX_LOCAL_RANK"),
+                v("NX_LOCAL_WORLD_SIZE")
+            );
+        }
         "lines" => {
             for i in 0..arg.unwrap_or(100) {
                 println!("rank {r} line {i} {}", "x".repeat(200));
@@ -66,6 +80,8 @@ fn main() {
             s.add("count", 1).expect("add");
             let peer = s.wait(&format!("rank/{}", (r + 1) % n), Duration::from_secs(10)).expect("wait");
             s.barrier("all", n, Duration::from_secs(10)).expect("barrier");
+            // the same barrier again: it is reusable
+            s.barrier("all", n, Duration::from_secs(10)).expect("a second barrier");
             println!("rank {r} met {peer}");
         }
         other => {
