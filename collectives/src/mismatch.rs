@@ -22,7 +22,8 @@ fn intact(v: &[f32]) -> bool {
 }
 
 /// Runs the suite on `c` (at least 2 ranks): every collective, then a send and its receive, with
-/// the last rank giving other lengths or counts; then an all-reduce that agrees. Answers one line
+/// the last rank giving other lengths or counts; then two calls where the last rank calls another
+/// op (`ops`, `barrier`); then an all-reduce that agrees. Answers one line
 /// per call: `rank R: OP refused (guards intact): ERROR` where the backend refused it as it must,
 /// else what it did instead (`NOT REFUSED`, `failed otherwise`, `GUARDS BROKEN`); and last
 /// `rank R: in step, sum S` (S the sum of the ranks).
@@ -76,6 +77,19 @@ pub fn suite<C: Communicator>(c: &C) -> Result<Vec<String>> {
         let e = if r == 0 { c.send(&b[GUARD..GUARD + m], n - 1) } else { c.recv(&mut b[GUARD..GUARD + m], 0) };
         say("send/recv", e, &[&b]);
     }
+    // other ops: the last rank calls an all-to-all where the others call an all-reduce, then a
+    // barrier where they call an all-gather
+    let mut recv = guarded(n);
+    let e = if last {
+        let ones = vec![1; n];
+        c.all_to_all_v(&vec![1f32; n], &ones, &mut recv[GUARD..GUARD + n], &ones)
+    } else {
+        c.all_reduce(&vec![1f32; n], &mut recv[GUARD..GUARD + n], ReduceOp::Sum)
+    };
+    say("ops", e, &[&recv]);
+    let mut all = guarded(n);
+    let e = if last { c.barrier() } else { c.all_gather(&[1f32], &mut all[GUARD..GUARD + n]) };
+    say("barrier", e, &[&all]);
     // still in step: a call that agrees
     let mut out = [0f32; 3];
     c.all_reduce(&[r as f32; 3], &mut out, ReduceOp::Sum)?;

@@ -89,6 +89,8 @@ mod imp {
     pub struct MpiComm {
         comm: SimpleCommunicator,
         world_rank: usize,
+        /// Every member's world rank, by communicator rank (errors name world ranks).
+        members: Rc<[usize]>,
         seq: Cell<u64>,
         opts: MpiOptions,
         /// Reused message memory (8-byte aligned): a fresh large buffer would fault its pages in
@@ -230,9 +232,11 @@ mod imp {
         // below would wait for the ranks that skip it
         let node = if std::env::var("NX_MPI_SHM").is_ok_and(|v| v == "0") { None } else { make_node(&comm) };
         let shm = node.as_ref().map(|n| Shm::new(n.clone(), (0..comm.size() as usize).collect(), opts.timeout));
+        let members: Rc<[usize]> = (0..comm.size() as usize).collect();
         let comm = MpiComm {
             comm,
             world_rank: rank,
+            members,
             seq: Cell::new(0),
             opts,
             scratch: RefCell::new(None),
@@ -393,9 +397,9 @@ mod imp {
                 let same = a.shape == b.shape && (!self.opts.checked || (a.seq == b.seq && a.words == b.words));
                 if !same {
                     return Err(Error::Mismatch {
-                        rank_a: first,
+                        rank_a: self.members[first],
                         call_a: a.words.clone(),
-                        rank_b: j,
+                        rank_b: self.members[j],
                         call_b: b.words.clone(),
                     });
                 }
@@ -404,13 +408,13 @@ mod imp {
         }
 
         /// Before a collective over MPI's own calls in unchecked mode (checked mode agreed on the
-        /// whole fingerprint already): one `MPI_Allreduce` (max) of the call's shape hash, its
-        /// complement and a flag tells every rank at once whether every rank called the same op
-        /// with the same dtype and counts — all ranks see the same maximum, which equals a rank's
-        /// own hash and complement only where every hash is the same — and, for an all-to-all,
-        /// whether every sender's count is its receiver's (one `MPI_Alltoall` of the counts sets
-        /// the flag). Where they differ, one `MPI_Allgather` of the calls names the first two
-        /// ranks that differ, on every rank.
+        /// whole fingerprint already): one `MPI_Allreduce` (max) of the call's shape hash and its
+        /// complement tells every rank at once whether every rank called the same op with the
+        /// same dtype and counts — all ranks see the same maximum, which equals a rank's own hash
+        /// and complement only where every hash is the same; then, for an all-to-all, one
+        /// `MPI_Alltoall` of the counts and one `MPI_Allreduce` of a flag whether every sender's
+        /// count is its receiver's. Where they differ, `MPI_Allgather`s of the calls name the
+        /// first two ranks that differ, on every rank.
         ///
         /// # Errors
         /// [`Error::Mismatch`].
@@ -424,20 +428,25 @@ mod imp {
             // MPI, which still refuses a message longer than its receive buffer
             let h =
                 shape.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-            let mut bad = 0u64;
-            if let Some((send, recv)) = pairs {
-                let mine: Vec<u64> = send.iter().map(|&c| c as u64).collect();
-                let mut theirs = vec![0u64; self.size()];
-                self.comm.all_to_all_into(&mine[..], &mut theirs[..]);
-                bad = u64::from(theirs.iter().zip(recv).any(|(&t, &r)| t != r as u64));
-            }
-            let mine = [h, !h, bad];
-            let mut max = [0u64; 3];
+            // first the shape, whatever the op (so that ranks calling different ops meet in the
+            // same MPI call), then an all-to-all's counts, once every rank is in an all-to-all
+            let mine = [h, !h];
+            let mut max = [0u64; 2];
             self.comm.all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
-            if max == [h, !h, 0] {
-                return Ok(());
+            let same = max == mine;
+            if same {
+                let Some((send, recv)) = pairs else { return Ok(()) };
+                let counts: Vec<u64> = send.iter().map(|&c| c as u64).collect();
+                let mut theirs = vec![0u64; self.size()];
+                self.comm.all_to_all_into(&counts[..], &mut theirs[..]);
+                let bad = u64::from(theirs.iter().zip(recv).any(|(&t, &r)| t != r as u64));
+                let mut any = 0u64;
+                self.comm.all_reduce_into(&bad, &mut any, SystemOperation::max());
+                if any == 0 {
+                    return Ok(());
+                }
             }
-            // every rank is here: gather the calls (and an all-to-all's counts) to name them
+            // every rank is here, knowing alike: gather the calls (or an all-to-all's counts)
             const LEN: usize = 512;
             let mut text = fp.to_string().into_bytes();
             text.truncate(LEN);
@@ -448,18 +457,20 @@ mod imp {
                 let t = &all[j * LEN..(j + 1) * LEN];
                 String::from_utf8_lossy(&t[..t.iter().position(|&b| b == 0).unwrap_or(LEN)]).into_owned()
             };
-            let mut hashes = vec![0u64; self.size()];
-            self.comm.all_gather_into(&h, &mut hashes[..]);
-            if let Some(j) = (1..self.size()).find(|&j| hashes[j] != hashes[0]) {
-                return Err(Error::Mismatch { rank_a: 0, call_a: call(0), rank_b: j, call_b: call(j) });
+            if !same {
+                let mut hashes = vec![0u64; self.size()];
+                self.comm.all_gather_into(&h, &mut hashes[..]);
+                let j = (1..self.size()).find(|&j| hashes[j] != hashes[0]).unwrap_or(0);
+                let (rank_a, rank_b) = (self.members[0], self.members[j]);
+                return Err(Error::Mismatch { rank_a, call_a: call(0), rank_b, call_b: call(j) });
             }
-            let (send, recv) = pairs.expect("the hashes agree, so the counts of an all-to-all differ");
+            let (send, recv) = pairs.expect("only an all-to-all's counts differ where the shapes agree");
             let mine: Vec<u64> = send.iter().chain(recv).map(|&c| c as u64).collect();
             let mut every = vec![0u64; mine.len() * self.size()];
             self.comm.all_gather_into(&mine[..], &mut every[..]);
             let every: Vec<Vec<usize>> =
                 every.chunks(mine.len()).map(|c| c.iter().map(|&x| x as usize).collect()).collect();
-            checks::all_to_all_pairs(&every, |r| r)
+            checks::all_to_all_pairs(&every, |r| self.members[r])
         }
 
         /// Runs `f` with `n` elements of `T` of this communicator's reused scratch memory (their
@@ -642,7 +653,7 @@ mod imp {
             let fp = self.fingerprint("all_to_all", Some(T::DTYPE), vec![n]);
             let extra: Vec<usize> = send_counts.iter().chain(recv_counts).copied().collect();
             if let Some(all) = self.agree(&fp, &extra, None)? {
-                checks::all_to_all_pairs(&all, |r| r)?;
+                checks::all_to_all_pairs(&all, |r| self.members[r])?;
             }
             if let Some(shm) = self.shm() {
                 return shm.all_to_all_v(send, send_counts, recv, recv_counts);
@@ -684,18 +695,15 @@ mod imp {
                 None => Color::undefined(),
             };
             let Some(comm) = self.comm.split_by_color_with_key(c, key as i32) else { return Ok(None) };
-            // the members' ranks on the host (= their world ranks: the node is the whole world)
-            let shm = match &self.shm {
-                Some(parent) => {
-                    let mut members = vec![0u64; comm.size() as usize];
-                    comm.all_gather_into(&(self.world_rank as u64), &mut members[..]);
-                    Some(Shm::new(parent.node(), members.into_iter().map(|m| m as usize).collect(), self.opts.timeout))
-                }
-                None => None,
-            };
+            // the members' world ranks (= their ranks on the host, where the node is the whole world)
+            let mut members = vec![0u64; comm.size() as usize];
+            comm.all_gather_into(&(self.world_rank as u64), &mut members[..]);
+            let members: Rc<[usize]> = members.into_iter().map(|m| m as usize).collect();
+            let shm = self.shm.as_ref().map(|parent| Shm::new(parent.node(), members.to_vec(), self.opts.timeout));
             Ok(Some(MpiComm {
                 comm,
                 world_rank: self.world_rank,
+                members,
                 seq: Cell::new(0),
                 opts: self.opts,
                 scratch: RefCell::new(None),

@@ -13,7 +13,7 @@ fn lengths_that_differ_are_refused_on_every_rank_checked_or_not() {
             let opts = SimOptions { checked, timeout: Duration::from_secs(30) };
             let lines = sim::run(n, opts, |c| mismatch::suite(&c)).unwrap();
             for (r, lines) in lines.iter().enumerate() {
-                let ops = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"];
+                let ops = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "ops", "barrier"];
                 let p2p = (r == 0 || r == n - 1).then_some("send/recv");
                 for op in ops.into_iter().chain(p2p) {
                     let want = format!("rank {r}: {op} refused (guards intact): nx collective mismatch: rank ");

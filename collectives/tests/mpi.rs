@@ -93,31 +93,25 @@ fn conformance_on_2_3_and_4_ranks() {
 }
 
 /// The check program built in the release profile, as users run it (debug assertions and overflow
-/// checks off), by cargo; built once per test process.
+/// checks off), by cargo, which names the executable it built; built once per test process.
 fn release_binary() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let cargo = option_env!("CARGO").unwrap_or("cargo");
         let out = Command::new(cargo)
-            .args([
-                "build",
-                "--release",
-                "--locked",
-                "--features",
-                "mpi",
-                "-p",
-                "nx-collectives",
-                "--bin",
-                "nx-mpi-check",
-            ])
+            .args(["build", "--release", "--locked", "--features", "mpi", "-p", "nx-collectives"])
+            .args(["--bin", "nx-mpi-check", "--message-format=json"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()
             .expect("cargo runs");
         assert!(out.status.success(), "cargo build --release: {}", String::from_utf8_lossy(&out.stderr));
-        // target/<profile>/deps/<this test> -> target/release/nx-mpi-check
-        let exe = std::env::current_exe().expect("the test's path");
-        let target = exe.ancestors().nth(3).expect("the target folder");
-        let path = target.join("release").join("nx-mpi-check");
+        // the artifact message of the binary: `"executable":"/…/release/nx-mpi-check"`
+        let text = String::from_utf8_lossy(&out.stdout);
+        let path = text
+            .lines()
+            .filter(|l| l.contains("\"reason\":\"compiler-artifact\"") && l.contains("nx-mpi-check"))
+            .find_map(|l| l.split("\"executable\":\"").nth(1)?.split('"').next().map(PathBuf::from))
+            .expect("cargo names the executable it built");
         assert!(path.exists(), "{} was not built", path.display());
         path
     })
@@ -135,7 +129,7 @@ fn lengths_that_differ_are_refused_on_every_rank_unchecked_in_a_release_build() 
             let text = String::from_utf8_lossy(&out.stdout);
             assert!(out.status.success(), "{path}, {n} ranks: {text}\n{}", String::from_utf8_lossy(&out.stderr));
             for r in 0..n {
-                let ops = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"];
+                let ops = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "ops", "barrier"];
                 let p2p = (r == 0 || r == n - 1).then_some("send/recv");
                 for op in ops.into_iter().chain(p2p) {
                     let want = format!("rank {r}: {op} refused (guards intact): nx collective mismatch: rank ");

@@ -296,12 +296,22 @@ impl<T: Element> Array<T> {
     /// The elements in C order of indices.
     ///
     /// # Errors
-    /// [`Error::Refused`] for a dead buffer, memory held exclusive, or memory off the host.
+    /// [`Error::Refused`] for a dead buffer, memory held exclusive, or memory off the host;
+    /// [`Error::OutOfMemory`] where the elements do not fit in memory (a broadcast view of many).
     pub fn to_vec(&self) -> Result<Vec<T>> {
+        // a broadcast view may have far more indices than its buffer has elements: the vector is
+        // reserved first, and a size past memory is an error, never an abort
+        let n = self.layout.numel();
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+            func: "nx_kernels::Array::to_vec",
+            bytes: n.saturating_mul(size_of::<T>()),
+        })?;
         let r = door(&[], &[self], || {
             let base = self.base();
             // SAFETY: the door holds a shared claim; positions come from the checked layout.
-            self.layout.positions().map(|p| unsafe { self.read_at(base, p) }).collect()
+            out.extend(self.layout.positions().map(|p| unsafe { self.read_at(base, p) }));
+            out
         });
         raise("nx_kernels::Array::to_vec", r, &[self])
     }

@@ -178,7 +178,7 @@ fn alloc_host(bytes: usize) -> Result<Arc<Memory>> {
     }
     // SAFETY: `layout` has a non-zero size.
     let ptr = unsafe { alloc::alloc_zeroed(layout) };
-    let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
+    let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { func: "nx_kernels::Buffer::new", bytes })?;
     Ok(Arc::new(Memory { ptr, layout, len: bytes, mapped: false }))
 }
 

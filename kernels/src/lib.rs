@@ -98,8 +98,10 @@ pub enum Error {
         why: String,
     },
     /// An allocation failed.
-    #[error("nx_kernels::Buffer::new: cannot allocate {bytes} bytes")]
+    #[error("{func}: cannot allocate {bytes} bytes")]
     OutOfMemory {
+        /// The function called.
+        func: &'static str,
         /// The bytes asked for.
         bytes: usize,
     },

@@ -198,12 +198,28 @@ fn claims_are_per_memory_not_per_handle() {
     assert!(inner.unwrap_err().contains("held exclusive"));
     let inner = a.with_slice_mut(|_| ro.with_slice(|s| s[0]).map_err(|e| e.to_string())).unwrap();
     assert!(inner.unwrap_err().contains("held exclusive"));
-    // a donated buffer's successor shares them too, and a busy memory cannot be freed
-    let d = a.buffer().clone();
-    let busy = ro.with_slice(|_| d.free().map_err(|e| e.to_string())).unwrap();
+    // a busy memory cannot be freed or donated through either handle
+    let busy = ro.with_slice(|_| a.buffer().free().map_err(|e| e.to_string())).unwrap();
     assert!(busy.unwrap_err().contains("Buffer::free"));
     // and with no claim held, both lend again
     assert_eq!(ro.with_slice(|s| s.len()).unwrap(), 4);
     a.with_slice_mut(|s| s[0] = 2.0).unwrap();
     assert_eq!(ro.to_vec().unwrap()[0], 2.0);
+    // a donated buffer's successor shares the memory's claims with the read-only handle too
+    let next = Array::<f32>::new(a.layout().clone(), a.buffer().donate("nx::test").unwrap()).unwrap();
+    let inner = ro.with_slice(|_| next.with_slice_mut(|s| s[0] = 3.0).map_err(|e| e.to_string())).unwrap();
+    assert!(inner.unwrap_err().contains("held exclusive"));
+    assert!(a.to_vec().unwrap_err().to_string().contains("donated to nx::test"));
+}
+
+#[test]
+fn a_broadcast_of_more_elements_than_memory_is_an_error_when_read() {
+    // [1] expanded to 2^40 indices is a valid view (one element, read many times); reading it
+    // whole would need 4 TiB: an error, not an abort
+    let a = Array::<f32>::zeros(Device::sim(0), &[1]).unwrap();
+    let big = a.apply(&Move::Expand(vec![1 << 40])).unwrap().unwrap();
+    assert_eq!(big.numel(), 1 << 40);
+    assert_eq!(big.get(&[(1 << 40) - 1]).unwrap(), 0.0);
+    let e = big.to_vec().unwrap_err().to_string();
+    assert!(e.contains("nx_kernels::Array::to_vec: cannot allocate 4398046511104 bytes"), "{e}");
 }

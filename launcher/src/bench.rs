@@ -91,6 +91,22 @@ fn numpy_gflops(a: &KernelArgs, repeats: usize) -> Result<(f64, String), String>
 
 /// Runs the kernel benchmark; returns the report.
 pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
+    // about 32 bytes an element of the map and sum arrays (eight arrays of f32 and bf16, and the
+    // values they are made from), and 32 an element of the matmuls (ours and numpy's)
+    let need = (a.size as u128 + (a.matmul as u128).pow(2)) * 32;
+    if let Some(avail) = available_memory() {
+        if need > avail as u128 {
+            let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+            return Err(format!(
+                "nx bench kernels: --size {} and --matmul {} need about {:.1} GiB; this machine has {:.1} GiB available",
+                a.size,
+                a.matmul,
+                gib(need),
+                gib(avail as u128)
+            )
+            .into());
+        }
+    }
     let dev = Device::sim(0);
     let host = Host::new();
     let n = a.size;
@@ -417,4 +433,12 @@ mod tests {
             }
         }
     }
+}
+
+/// The memory available to new allocations (`MemAvailable` of `/proc/meminfo`), in bytes.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 =
+        text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
+    kib.checked_mul(1024)
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+
 use tokio::task::JoinSet;
 
 /// Lines kept from a child's stderr for the report.
@@ -52,8 +53,10 @@ pub enum Sink {
     Send(tokio::sync::mpsc::UnboundedSender<(bool, String)>),
 }
 
-/// Forwards a child's stream to `sink` line by line, each line whole; keeps what the report needs
-/// of stderr (`err`) in `seen`. Ends at the stream's end.
+/// Forwards a child's stream to `sink` line by line, each line whole (bytes that are not UTF-8
+/// shown as U+FFFD, never a reason to stop reading: a pipe left unread would block the child);
+/// keeps what the report needs of stderr (`err`) in `seen`. Where the channel of a
+/// [`Sink::Send`] closes, the lines are printed here instead. Ends at the stream's end.
 pub fn forward<R: AsyncRead + Unpin + Send + 'static>(
     set: &mut JoinSet<()>,
     stream: R,
@@ -62,31 +65,50 @@ pub fn forward<R: AsyncRead + Unpin + Send + 'static>(
     seen: Arc<Mutex<Seen>>,
 ) {
     set.spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
+        let mut reader = BufReader::new(stream);
+        let mut buf = Vec::new();
+        let mut sink = sink;
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let end = buf.len() - usize::from(buf.ends_with(b"\n"));
+            let line = String::from_utf8_lossy(&buf[..end]).into_owned();
             if err {
                 seen.lock().unwrap_or_else(|e| e.into_inner()).line(&line);
             }
-            match &sink {
-                Sink::Print(tag) => print_line(tag.as_deref(), err, &line),
-                Sink::Send(tx) => {
-                    if tx.send((err, line)).is_err() {
-                        break;
-                    }
+            let closed = match &sink {
+                Sink::Print(tag) => {
+                    print_line(tag.as_deref(), err, &line);
+                    false
                 }
+                Sink::Send(tx) => match tx.send((err, line)) {
+                    Ok(()) => false,
+                    Err(back) => {
+                        print_line(None, err, &back.0 .1);
+                        true
+                    }
+                },
+            };
+            if closed {
+                sink = Sink::Print(None);
             }
         }
     });
 }
 
-/// Prints `line` whole on stdout (or stderr where `err`), prefixed by `tag` where given.
+/// Writes `line` whole on stdout (or stderr where `err`), prefixed by `tag` where given; a closed
+/// stdout (`nx run … | head`) loses the line, never the run.
 pub fn print_line(tag: Option<&str>, err: bool, line: &str) {
+    use std::io::Write;
     let tag = tag.unwrap_or("");
-    if err {
-        eprintln!("{tag}{line}");
+    let _ = if err {
+        writeln!(std::io::stderr().lock(), "{tag}{line}")
     } else {
-        println!("{tag}{line}");
-    }
+        writeln!(std::io::stdout().lock(), "{tag}{line}")
+    };
 }
 
 /// A signal's name, where it is one of those a rank dies of.

@@ -55,7 +55,7 @@ pub struct Ended {
     pub rank: usize,
     /// Its host.
     pub host: String,
-    /// Its place among the ranks' ends, from 1.
+    /// Its place among the ranks' ends, from 1 (`i64::MAX` where the store could not count it).
     pub order: i64,
     /// In words: `exited with status 3`, `was killed by signal 9 (SIGKILL)`, `could not start: …`.
     pub how: String,
@@ -119,6 +119,10 @@ async fn wrap(a: &RankArgs) -> (i32, Option<i32>) {
         return (2, None);
     };
     let host = hostname();
+    // SIGTERM and SIGINT are the program's from the start (mpirun stops ranks with them)
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
     // the store is where nx run learns of the rank; a program run without it still runs
     let mut store = match nx::store::StoreClient::from_env(Duration::from_secs(30)) {
         Ok(s) => Some(s),
@@ -127,8 +131,11 @@ async fn wrap(a: &RankArgs) -> (i32, Option<i32>) {
             None
         }
     };
-    let end = |store: &mut Option<nx::store::StoreClient>, how: String, code: i32, seen: Seen| {
-        let order = store.as_mut().and_then(|s| s.add(ORDER, 1).ok()).unwrap_or(0);
+    // the rank's place among the ends, taken as soon as it ends (a rank whose place is unknown
+    // comes last)
+    let order = |store: &mut Option<nx::store::StoreClient>| store.as_mut().and_then(|s| s.add(ORDER, 1).ok());
+    let end = |store: &mut Option<nx::store::StoreClient>, order: Option<i64>, how: String, code: i32, seen: Seen| {
+        let order = order.unwrap_or(i64::MAX);
         let ended = Ended { rank, host: host.clone(), order, how, code, failed: code != 0, seen };
         record(store, &format!("{ENDED}{rank}"), &ended);
     };
@@ -154,7 +161,8 @@ async fn wrap(a: &RankArgs) -> (i32, Option<i32>) {
         Err(e) => {
             let how = format!("could not start {}: {e}", a.program[0]);
             eprintln!("nx rank: rank {rank} {how}");
-            end(&mut store, how, 127, Seen::default());
+            let at = order(&mut store);
+            end(&mut store, at, how, 127, Seen::default());
             return (127, None);
         }
     };
@@ -177,9 +185,6 @@ async fn wrap(a: &RankArgs) -> (i32, Option<i32>) {
     if let Some(e) = child.stderr.take() {
         forward(&mut io, e, sink, true, seen.clone());
     }
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let mut int = signal(SignalKind::interrupt()).ok();
     let status = loop {
         let pass = |s: i32| {
             // SAFETY: kill has no memory-safety preconditions.
@@ -191,6 +196,7 @@ async fn wrap(a: &RankArgs) -> (i32, Option<i32>) {
             Some(()) = async { match &mut int { Some(t) => t.recv().await, None => std::future::pending().await } } => pass(libc::SIGINT),
         }
     };
+    let at = order(&mut store);
     // the program's last lines, before the record
     let _ = tokio::time::timeout(Duration::from_secs(2), async { while io.join_next().await.is_some() {} }).await;
     io.abort_all();
@@ -201,11 +207,11 @@ async fn wrap(a: &RankArgs) -> (i32, Option<i32>) {
     match status {
         Ok(st) => {
             let (how, code, sig) = describe(&st);
-            end(&mut store, how, code, seen);
+            end(&mut store, at, how, code, seen);
             (code, sig)
         }
         Err(e) => {
-            end(&mut store, format!("could not be waited for: {e}"), 1, seen);
+            end(&mut store, at, format!("could not be waited for: {e}"), 1, seen);
             (1, None)
         }
     }

@@ -230,9 +230,10 @@ async fn supervise(opts: Options) -> i32 {
     }
     stop(&procs, &mut waits, opts.grace).await;
     reap_by_token(&token);
-    // let the forwarders flush what the ranks wrote
+    // let the forwarders and the ranks' streams print what the ranks wrote
     let _ = tokio::time::timeout(Duration::from_secs(2), async { while io.join_next().await.is_some() {} }).await;
     io.abort_all();
+    store.drain(Duration::from_secs(2)).await;
     let report = Report { opts: &opts, store: &store };
     match outcome {
         None => 0,

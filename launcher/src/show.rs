@@ -21,6 +21,9 @@ pub struct ShowArgs {
     json: bool,
 }
 
+/// The most devices `nx plan` plans for.
+const MAX_PLAN_DEVICES: usize = 4096;
+
 /// Arguments of `nx plan`.
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
@@ -232,6 +235,16 @@ struct StepJson {
 
 /// `nx plan`: the plan in words, or JSON.
 pub fn plan(a: &PlanArgs) -> Result<String, Error> {
+    // the planner's work and memory grow with the square of the devices (2048: a second and
+    // 300 MB here; 16,384: 100 s and 19 GB)
+    if a.mesh.size() > MAX_PLAN_DEVICES {
+        return Err(format!(
+            "nx plan: the mesh {} spans {} devices; nx plan plans meshes of at most {MAX_PLAN_DEVICES} devices",
+            a.mesh,
+            a.mesh.size()
+        )
+        .into());
+    }
     over_sims(&a.mesh, |mesh| {
         let from = a.from.over(&mesh)?;
         let to = a.to.over(&mesh)?;

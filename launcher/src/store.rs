@@ -33,6 +33,37 @@ struct Shared {
     token: String,
     /// Prefix the lines of a rank's stream with `[R] `.
     tag: bool,
+    /// Rank streams still open, and a notice when one ends.
+    streams: std::sync::atomic::AtomicUsize,
+    stream_ended: Notify,
+}
+
+/// The longest line the store reads (a key and its value, or a line of a rank's output): longer
+/// ones end the connection, so that no client grows the store's memory without bound.
+const MAX_LINE: usize = 1 << 20;
+
+/// Reads one line of at most [`MAX_LINE`] bytes (without its newline); `None` at the end.
+///
+/// # Errors
+/// The read's I/O error; `InvalidData` for a longer line or one that is not UTF-8.
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<String>> {
+    use tokio::io::AsyncReadExt;
+    buf.clear();
+    let n = r.take(MAX_LINE as u64 + 1).read_until(b'\n', buf).await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    } else if buf.len() > MAX_LINE {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("a line past {MAX_LINE} bytes")));
+    }
+    String::from_utf8(std::mem::take(buf))
+        .map(Some)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a line that is not UTF-8"))
 }
 
 /// A random token: 16 bytes of the OS's randomness, in hex.
@@ -69,6 +100,23 @@ impl Served {
     pub async fn changed(&self) {
         self.shared.changed.notified().await
     }
+
+    /// Waits until every rank's output stream has ended (its last lines printed), at most `limit`.
+    pub async fn drain(&self, limit: Duration) {
+        use std::sync::atomic::Ordering;
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                let ended = self.shared.stream_ended.notified();
+                tokio::pin!(ended);
+                ended.as_mut().enable();
+                if self.shared.streams.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                ended.await;
+            }
+        })
+        .await;
+    }
 }
 
 /// Binds the store to `bind` (`127.0.0.1:0` for any free port) and serves it on the current tokio
@@ -80,7 +128,14 @@ impl Served {
 pub async fn serve(bind: &str, token: String, tag: bool) -> std::io::Result<Served> {
     let listener = TcpListener::bind(bind).await?;
     let addr = listener.local_addr()?;
-    let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Notify::new(), token, tag });
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State::default()),
+        changed: Notify::new(),
+        token,
+        tag,
+        streams: Default::default(),
+        stream_ended: Notify::new(),
+    });
     let served = Served { addr, shared: shared.clone() };
     tokio::spawn(async move {
         loop {
@@ -142,8 +197,9 @@ pub fn start(bind: &str, token: &str) -> std::io::Result<Background> {
 async fn client(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> std::io::Result<()> {
     sock.set_nodelay(true)?;
     let (r, mut w) = sock.into_split();
-    let mut lines = BufReader::new(r).lines();
-    match lines.next_line().await? {
+    let mut r = BufReader::new(r);
+    let mut buf = Vec::new();
+    match read_line(&mut r, &mut buf).await? {
         Some(l) if l.strip_prefix("AUTH ") == Some(shared.token.as_str()) => w.write_all(b"OK\n").await?,
         _ => {
             eprintln!("nx run: store: refused a client at {peer} without the run's token");
@@ -151,22 +207,37 @@ async fn client(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> std::
             return Ok(());
         }
     }
-    while let Some(line) = lines.next_line().await? {
+    while let Some(line) = read_line(&mut r, &mut buf).await? {
         if let Some(rank) = line.strip_prefix("STREAM ") {
             // from here on the connection carries a rank's output: `1 line` (stdout) or `2 line`
+            use std::sync::atomic::Ordering;
             let tag = shared.tag.then(|| format!("[{}] ", rank.trim()));
-            while let Some(l) = lines.next_line().await? {
-                match l.split_once(' ').or(if l.len() == 1 { Some((l.as_str(), "")) } else { None }) {
-                    Some(("1", text)) => crate::child::print_line(tag.as_deref(), false, text),
-                    Some(("2", text)) => crate::child::print_line(tag.as_deref(), true, text),
-                    _ => {}
-                }
-            }
-            return Ok(());
+            shared.streams.fetch_add(1, Ordering::SeqCst);
+            let out = stream(&mut r, &mut buf, tag.as_deref()).await;
+            shared.streams.fetch_sub(1, Ordering::SeqCst);
+            shared.stream_ended.notify_waiters();
+            return out;
         }
         let reply = answer(&shared, &line).await;
         w.write_all(reply.as_bytes()).await?;
         w.write_all(b"\n").await?;
+    }
+    Ok(())
+}
+
+/// Prints a rank's stream of output lines, `1 line` for stdout and `2 line` for stderr, until it
+/// ends.
+///
+/// # Errors
+/// As [`read_line`].
+async fn stream<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    tag: Option<&str>,
+) -> std::io::Result<()> {
+    while let Some(l) = read_line(r, buf).await? {
+        let (which, text) = l.split_once(' ').unwrap_or((l.as_str(), ""));
+        crate::child::print_line(tag, which == "2", text);
     }
     Ok(())
 }

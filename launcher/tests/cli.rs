@@ -165,6 +165,8 @@ fn bad_input_is_one_line_naming_the_problem_never_a_panic() {
         (&["bench", "kernels", "--size", "abc"], "\"abc\" is not a whole number"),
         (&["bench", "kernels", "--size", "99999999999999999999999"], "is not a whole number"),
         (&["bench", "kernels", "--matmul", "0"], "\"0\" is not a whole number from 1 to 65536"),
+        (&["bench", "kernels", "--size", "17179869184", "--python", "none"], "GiB available"),
+        (&["bench", "kernels", "--matmul", "65536", "--python", "none"], "GiB available"),
         (&["bench", "kernels", "--repeats", "0"], "\"0\" is not a whole number from 1"),
         (&["bench", "collectives", "--ranks", "0"], "\"0\" is not a whole number from 1 to 4096"),
         (&["bench", "collectives", "--ranks", "100000"], "from 1 to 4096"),

@@ -270,11 +270,23 @@ fn the_store_under_64_clients_loses_nothing_and_refuses_strangers() {
     assert_eq!(c.add("total", 0).unwrap(), 64);
     let e = c.add("total", i64::MAX).unwrap_err().to_string();
     assert!(e.contains("overflows"), "{e}");
-    // a barrier that times out withdraws its arrival, and a count that disagrees is refused
+    // a barrier that times out withdraws its arrival (the second try counts one again)
     let e = c.barrier("pair", 2, Duration::from_millis(100)).unwrap_err().to_string();
     assert!(e.contains("barrier \"pair\" timed out after 100 ms with 1 of 2 arrived"), "{e}");
     let e = c.barrier("pair", 2, Duration::from_millis(100)).unwrap_err().to_string();
     assert!(e.contains("with 1 of 2 arrived"), "{e}");
+    // a count that disagrees with the clients waiting is refused; the right one completes it
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            let mut w = nx::store::StoreClient::connect(&addr, "secret", Duration::from_secs(5)).unwrap();
+            w.barrier("trio", 2, Duration::from_secs(10))
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let e = c.barrier("trio", 3, Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(e.contains("barrier \"trio\" waits for 2 clients; this one asked for 3"), "{e}");
+        c.barrier("trio", 2, Duration::from_secs(10)).unwrap();
+        waiting.join().unwrap().unwrap();
+    });
     let e = c.wait("missing", Duration::from_millis(200)).unwrap_err().to_string();
     assert!(e.contains("timed out after 200 ms waiting for key \"missing\""), "{e}");
     let e = nx::store::StoreClient::connect(&addr, "guess", Duration::from_secs(5)).unwrap_err().to_string();

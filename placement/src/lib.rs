@@ -109,18 +109,26 @@ pub enum Error {
         /// The shape.
         shape: Vec<usize>,
     },
-    /// A value too large to count: its elements (or, in a plan, its bytes times four times the
-    /// square of the devices, the most any plan's figures reach) pass `u64`.
+    /// A value too large for a plan to count: its bytes times four times the square of the
+    /// devices (the most any plan's figures reach) pass `u64`.
     #[error("{func}: a value of shape {shape:?} of {elem_bytes}-byte elements over {devices} devices is too large to count in 64 bits")]
     TooLarge {
         /// The function called.
         func: &'static str,
         /// The shape.
         shape: Vec<usize>,
-        /// Bytes an element (1 where only elements are counted).
+        /// Bytes an element.
         elem_bytes: usize,
-        /// The devices of the set (both sets, in a plan).
+        /// The devices of both sets.
         devices: usize,
+    },
+    /// A shape whose elements are more than 64 bits count.
+    #[error("{func}: shape {shape:?} has more elements than 64 bits count")]
+    TooManyElements {
+        /// The function called.
+        func: &'static str,
+        /// The shape.
+        shape: Vec<usize>,
     },
     /// Malformed placement text.
     #[error("nx_placement::PlacementSpec::from_str: cannot read {text:?} at column {column}: {why}")]

@@ -287,9 +287,8 @@ impl<'d> Placement<'d> {
     /// # Errors
     /// [`Error::RankTooSmall`] when the placement cuts an axis at or past the shape's rank.
     pub fn check_shape(&self, func: &'static str, shape: &[usize]) -> Result<()> {
-        if shape.iter().try_fold(1u64, |a, &n| a.checked_mul(n as u64)).is_none() {
-            let devices = self.devices().len();
-            return Err(Error::TooLarge { func, shape: shape.to_vec(), elem_bytes: 1, devices });
+        if !shape.contains(&0) && shape.iter().try_fold(1u64, |a, &n| a.checked_mul(n as u64)).is_none() {
+            return Err(Error::TooManyElements { func, shape: shape.to_vec() });
         }
         match self.max_axis() {
             Some(a) if a >= shape.len() => {

@@ -1,5 +1,7 @@
 //! The direct path: data moves by one kernel copy between the ranks' own buffers (cross-memory
-//! attach), each access checked against the length its owner announced.
+//! attach), each access checked against the length its owner announced. A peer whose memory the
+//! kernel refuses has left ([`Error::PeerGone`]): the call ends there, and the communicator with
+//! it (its syncs are no longer in step), as after a timeout.
 
 use super::cma::{read_process, write_process};
 use super::{put, Shm, PUSH_CHUNK, REDUCE_CHUNK, STREAM_MIN};
@@ -131,18 +133,20 @@ impl Shm {
         let own = &send[soffs[me]..soffs[me] + send_counts[me]];
         // SAFETY: the checked counts put both blocks inside their buffers.
         unsafe { put(own, recv[roffs[me]..].as_mut_ptr(), size_of_val(recv) >= STREAM_MIN) };
+        let mut broken = Ok(());
         for &q in &others {
             self.wait_for(CALL, &[q])?;
             if !self.agrees_with(q) {
                 continue;
             }
-            // where q's block for this rank starts in q's send (its counts, as it announced them)
+            // where q's block for this rank starts in q's send (its counts, as it announced them;
+            // their sum fits, by q's own checks)
             match self.send_offset(q, me) {
                 Some(at) => self.read(CALL, q, 0, at, &mut recv[roffs[q]..roffs[q] + recv_counts[q]])?,
-                None => return Err(self.mismatch(me, q)),
+                None => broken = Err(self.mismatch(me, q)),
             }
         }
-        if let Err(e) = self.verdict() {
+        if let Err(e) = self.verdict().and(broken) {
             return self.refuse(CALL, e);
         }
         self.sync(CALL)

@@ -1,0 +1,96 @@
+//! Tests of the sums' association (see `reduce.rs`).
+
+use super::*;
+
+/// The documented association of a chunk's sum, written out naively: term i added into lane
+/// i mod 8 (each lane from +0), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+fn naive_chunk<T: Term>(xs: &[T]) -> T {
+    let mut l = [T::ZERO; 8];
+    for (i, &x) in xs.iter().enumerate() {
+        l[i % 8] = l[i % 8].add(x);
+    }
+    let (a, b) = (l[0].add(l[1]), l[2].add(l[3]));
+    let (c, d) = (l[4].add(l[5]), l[6].add(l[7]));
+    a.add(b).add(c.add(d))
+}
+
+/// A run's sum as documented: chunks of 2048 summed as [`naive_chunk`], then the pairwise tree
+/// (the first ⌈p/2⌉ rounded up to a power of two, then the rest), +0 for no term.
+fn naive_run<T: Term>(xs: &[T]) -> T {
+    fn tree<T: Term>(ps: &[T]) -> T {
+        if ps.len() == 1 {
+            return ps[0];
+        }
+        let mut h = 1;
+        while 2 * h < ps.len() {
+            h *= 2;
+        }
+        tree(&ps[..h]).add(tree(&ps[h..]))
+    }
+    let ps: Vec<T> = xs.chunks(2048).map(naive_chunk).collect();
+    if ps.is_empty() {
+        T::ZERO
+    } else {
+        tree(&ps)
+    }
+}
+
+/// Inputs of n terms: inexact values whose lanes differ in magnitude by more than the
+/// precision, some cancelling (lanes 1 and 2, 5 and 6), so that any change of association
+/// changes the bits; −0 at every 13th.
+fn terms(n: usize) -> (Vec<f32>, Vec<f64>, Vec<Complex32>) {
+    const S32: [f64; 8] = [1.0, 3.0e7, -3.0e7, 1.0, 7.0e-3, 2.0e7, -2.0e7, 5.0];
+    const S64: [f64; 8] = [1.0, 3.0e16, -3.0e16, 1.0, 7.0e-3, 2.0e16, -2.0e16, 5.0];
+    let base = |i: usize| ((i * 7919) % 1009) as f64 * 0.37 - 150.0;
+    let xs: Vec<f32> = (0..n).map(|i| if i % 13 == 5 { -0.0 } else { (base(i) * S32[i % 8]) as f32 }).collect();
+    let ds: Vec<f64> = (0..n).map(|i| if i % 13 == 5 { -0.0 } else { base(i) / 3.0 * S64[i % 8] }).collect();
+    let zs: Vec<Complex32> = (0..n).map(|i| Complex32::new(xs[i], -xs[(i * 5) % n] * 0.5)).collect();
+    (xs, ds, zs)
+}
+
+fn cbits(z: Complex32) -> (u32, u32) {
+    (z.re.to_bits(), z.im.to_bits())
+}
+
+/// The baseline chunk loop (and the run's chunks and tree) give the documented association's
+/// bits, written out naively; on any CPU.
+#[test]
+fn the_chunk_loop_and_the_run_follow_the_documented_association() {
+    // the all-negative-zero chunk: lanes start from +0, so the sum is +0
+    assert_eq!(sum_lanes(&[-0.0f32; 9]).to_bits(), 0.0f32.to_bits());
+    for n in [0, 1, 7, 8, 9, 31, 2047, 2048, 2049, 3 * 2048 + 5, 5 * 2048, 9 * 2048 + 1] {
+        let (xs, ds, zs) = terms(n);
+        let c = n.min(2048);
+        assert_eq!(sum_lanes(&xs[..c]).to_bits(), naive_chunk(&xs[..c]).to_bits(), "f32 chunk, {n}");
+        assert_eq!(sum_lanes(&ds[..c]).to_bits(), naive_chunk(&ds[..c]).to_bits(), "f64 chunk, {n}");
+        assert_eq!(cbits(sum_lanes(&zs[..c])), cbits(naive_chunk(&zs[..c])), "c64 chunk, {n}");
+        // the run (its chunk loop the AVX2 build where the CPU has it)
+        let Partial::Sum(r) = sum_run(&xs) else { unreachable!() };
+        assert_eq!(r.to_bits(), naive_run(&xs).to_bits(), "f32 run, {n}");
+        let Partial::Sum(r) = sum_run(&ds) else { unreachable!() };
+        assert_eq!(r.to_bits(), naive_run(&ds).to_bits(), "f64 run, {n}");
+        let Partial::Sum(r) = sum_run(&zs) else { unreachable!() };
+        assert_eq!(cbits(r), cbits(naive_run(&zs)), "c64 run, {n}");
+    }
+}
+
+/// The chunk loop compiled for AVX2 gives the baseline build's bits and the naive
+/// association's (on a CPU without AVX2 the baseline is checked by the test above).
+#[test]
+fn the_avx2_chunk_loop_gives_the_baseline_bits() {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        for n in [0, 1, 7, 8, 9, 31, 2047, 2048] {
+            let (xs, ds, zs) = terms(n);
+            // SAFETY: the CPU has AVX2.
+            unsafe {
+                assert_eq!(sum_chunk_avx2(&xs).to_bits(), sum_lanes(&xs).to_bits(), "f32, {n}");
+                assert_eq!(sum_chunk_avx2(&xs).to_bits(), naive_chunk(&xs).to_bits(), "f32 naive, {n}");
+                assert_eq!(sum_chunk_avx2(&ds).to_bits(), sum_lanes(&ds).to_bits(), "f64, {n}");
+                assert_eq!(sum_chunk_avx2(&ds).to_bits(), naive_chunk(&ds).to_bits(), "f64 naive, {n}");
+                assert_eq!(cbits(sum_chunk_avx2(&zs)), cbits(sum_lanes(&zs)), "c64, {n}");
+                assert_eq!(cbits(sum_chunk_avx2(&zs)), cbits(naive_chunk(&zs)), "c64 naive, {n}");
+            }
+        }
+    }
+}
