@@ -413,6 +413,14 @@ pub(crate) fn copy_limit(src: &[f32], dst: &mut [f32], before: &dyn Fn() -> f32)
     plain.max(streamed)
 }
 
+/// The memory available to new allocations (`MemAvailable` of `/proc/meminfo`), in bytes.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 =
+        text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::stream_fill;
@@ -433,12 +441,4 @@ mod tests {
             }
         }
     }
-}
-
-/// The memory available to new allocations (`MemAvailable` of `/proc/meminfo`), in bytes.
-fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 =
-        text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
-    kib.checked_mul(1024)
 }
