@@ -56,6 +56,9 @@ fn code(op: &str) -> usize {
     OPS.iter().position(|&o| o == op).map_or(0, |i| i + 1)
 }
 
+/// The code of `all_to_all` (the last of [`OPS`]).
+const ALL_TO_ALL: usize = OPS.len();
+
 /// A call as its ranks must agree on it.
 pub(super) struct Call<'a> {
     /// The op's fingerprint name (one of [`OPS`]).
@@ -161,7 +164,7 @@ impl Shm {
         if !self.same(me, q) {
             return false;
         }
-        if self.load(me, AT_CALL) != code("all_to_all") {
+        if self.load(me, AT_CALL) != ALL_TO_ALL {
             return true;
         }
         let (n, mine, theirs) = (self.size(), self.pairs_of(me), self.pairs_of(q));
@@ -179,7 +182,7 @@ impl Shm {
         if let Some(q) = (1..self.size()).find(|&q| !self.same(0, q)) {
             return Err(self.mismatch(0, q));
         }
-        if self.load(0, AT_CALL) == code("all_to_all") {
+        if self.load(0, AT_CALL) == ALL_TO_ALL {
             let all: Vec<Vec<usize>> = (0..self.size()).map(|q| self.pairs_of(q)).collect();
             checks::all_to_all_pairs(&all, |m| self.node.world[self.members[m]])?;
         }
@@ -205,5 +208,13 @@ impl Shm {
             _ if len == 0 => Ok(addr),
             _ => Err(self.mismatch(self.rank, q)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_all_to_all_code_is_its_place() {
+        assert_eq!(super::code("all_to_all"), super::ALL_TO_ALL);
     }
 }

@@ -33,12 +33,11 @@ impl Shm {
         const CALL: &str = "all_gather";
         let (me, offs) = (self.rank, offsets(counts));
         let stream = size_of_val(recv) >= STREAM_MIN;
-        let others: Vec<usize> = self.others().collect();
         self.arrive();
         if !stream && self.size() == 2 {
             // SAFETY: the checked counts put this rank's block inside `recv`.
             unsafe { put(send, recv[offs[me]..].as_mut_ptr(), false) };
-            for &q in &others {
+            for q in self.others() {
                 self.wait_for(CALL, &[q])?;
                 if self.agrees_with(q) {
                     self.read(CALL, q, 0, 0, &mut recv[offs[q]..offs[q] + counts[q]])?;
@@ -51,7 +50,7 @@ impl Shm {
                 let lo = at + k * per;
                 // SAFETY: the checked counts put this rank's block inside `recv`.
                 unsafe { put(piece, out.add(lo), stream) };
-                for &q in &others {
+                for q in self.others() {
                     let ok = match agrees[q] {
                         Some(ok) => ok,
                         None => {
@@ -66,6 +65,7 @@ impl Shm {
             }
         }
         // every peer has arrived (an empty block meets them here)
+        let others: Vec<usize> = self.others().collect();
         self.wait_for(CALL, &others)?;
         if let Err(e) = self.verdict() {
             return self.refuse(CALL, e);
