@@ -29,6 +29,9 @@ pub struct LaunchOptions {
     /// Place a map's operand that is placed otherwise (of the same shape) as the map's first
     /// operand, logging each move, instead of failing (default: off: no byte moves silently).
     pub auto_place: bool,
+    /// Faults to inject on the simulated mesh (a rank fails, panics, stalls or is delayed at its
+    /// n-th collective: [`nx_collectives::sim::Fault`]); ignored under mpirun.
+    pub faults: Vec<nx_collectives::sim::Fault>,
 }
 
 /// The communicator a rank was launched with.
@@ -63,6 +66,9 @@ impl Communicator for Comm {
     }
     fn world_rank(&self) -> usize {
         delegate!(self, c => c.world_rank())
+    }
+    fn recorder(&self) -> Option<&nx_collectives::log::Recorder> {
+        delegate!(self, c => c.recorder())
     }
     #[track_caller]
     fn barrier(&self) -> nx_collectives::Result<()> {
@@ -185,6 +191,36 @@ impl<'d> Ctx<'d> {
         self.inner.comm.backend()
     }
 
+    /// Runs `f` and answers its result with the log of every collective, send, receive and
+    /// split this rank issued meanwhile ([`nx_collectives::log`]): op, dtype, group, bytes, plan
+    /// step. Regions nest.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nx::collectives::log::Op;
+    /// use nx::{LaunchOptions, Placement, Tensor};
+    ///
+    /// nx::launch_with(&LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+    ///     let x = Tensor::<f32>::rand(ctx, &[6, 4], &Placement::split(0, ctx.devices())?, 1)?;
+    ///     let (_, log) = ctx.record(|| x.full())?;
+    ///     assert_eq!(log.count_any(Op::AllGather), 1);
+    ///     assert_eq!(log.collectives().map(|e| e.bytes_received).sum::<u64>(), 3 * 4 * 4);
+    ///     Ok(())
+    /// })
+    /// .unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// `f`'s.
+    pub fn record<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, nx_collectives::log::Log)> {
+        let rec = self.inner.comm.recorder().cloned().unwrap_or_default();
+        let mark = rec.start();
+        let out = f();
+        let log = rec.stop(mark, self.inner.comm.world_rank());
+        out.map(|r| (r, log))
+    }
+
     /// A mesh of `axes` over the world's devices.
     ///
     /// # Errors
@@ -245,7 +281,7 @@ where
         });
     }
     let n = sim_devices(opts)?;
-    let sopts = SimOptions { checked, timeout };
+    let sopts = SimOptions { checked, timeout, faults: opts.faults.clone() };
     Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
         let index = comm.rank();
         Devices::with(Device::sims(n), |devices| {

@@ -26,6 +26,7 @@
 mod launch;
 pub mod store;
 mod tensor;
+pub mod testing;
 
 pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};
 pub use tensor::{from_f64, normal, uniform, Tensor};

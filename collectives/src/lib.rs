@@ -25,6 +25,7 @@ use std::time::Duration;
 
 mod checks;
 pub mod conformance;
+pub mod log;
 pub mod mismatch;
 pub mod mpi;
 pub mod place;
@@ -185,6 +186,18 @@ pub enum Error {
         /// Its error or panic message.
         why: String,
     },
+    /// A fault injected on purpose (a simulated world's [`sim::Fault`]).
+    #[error("nx fault injection: rank {rank} {what} at its collective {at}, {call}")]
+    Injected {
+        /// The rank.
+        rank: usize,
+        /// Which of its collectives, from 0.
+        at: usize,
+        /// The call.
+        call: String,
+        /// What it did (`failed`, `stalled`).
+        what: &'static str,
+    },
     /// A placement error.
     #[error(transparent)]
     Placement(#[from] nx_placement::Error),
@@ -209,6 +222,12 @@ pub trait Communicator: Sized {
     fn backend(&self) -> &'static str;
     /// This rank's number in the world (for messages).
     fn world_rank(&self) -> usize;
+
+    /// Where this communicator records the calls it issues ([`log`]), shared with the
+    /// communicators split from it; `None` for a backend that records nothing.
+    fn recorder(&self) -> Option<&log::Recorder> {
+        None
+    }
 
     /// Waits until every rank arrives.
     ///

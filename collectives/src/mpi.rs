@@ -76,6 +76,7 @@ mod imp {
     use super::MpiOptions;
     use crate::checks;
     use crate::checks::offsets as displs;
+    use crate::log::{traffic, Event, Op, Recorder};
     use crate::reduce::reduce_into;
     use crate::shm::{Node, Shm, MAX_RANKS, SEGMENT};
     use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
@@ -103,6 +104,8 @@ mod imp {
         shm: Option<Shm>,
         /// The mesh axes the group spans (for fingerprints).
         axes: Vec<String>,
+        /// Where this rank's calls are recorded (shared with the splits).
+        recorder: Recorder,
     }
 
     /// An MPI-3 shared window (`MPI_Win_allocate_shared`) over the ranks of the world, which all
@@ -242,6 +245,7 @@ mod imp {
             scratch: RefCell::new(None),
             shm,
             axes: Vec::new(),
+            recorder: Recorder::new(),
         };
         let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
         let why = match out {
@@ -308,6 +312,28 @@ mod imp {
         #[track_caller]
         fn fingerprint(&self, op: &'static str, dtype: Option<nx_kernels::Dtype>, counts: Vec<usize>) -> Fingerprint {
             Fingerprint::next(&self.seq, &self.axes, op, dtype, counts)
+        }
+
+        /// Records a call of `op` moving `(sent, received)` bytes among `members` (world ranks;
+        /// `None`: the group's), where a region is open.
+        fn note(
+            &self,
+            op: Op,
+            reduce: Option<ReduceOp>,
+            dtype: Option<nx_kernels::Dtype>,
+            bytes: (u64, u64),
+            members: Option<Vec<usize>>,
+        ) {
+            self.recorder.note(|| Event {
+                op,
+                reduce,
+                dtype,
+                axes: self.axes.clone(),
+                members: members.unwrap_or_else(|| self.members.to_vec()),
+                bytes_sent: bytes.0,
+                bytes_received: bytes.1,
+                step: None,
+            });
         }
 
         /// Sends this rank's record to each of `peers` and receives theirs, against the deadline.
@@ -550,9 +576,14 @@ mod imp {
             self.world_rank
         }
 
+        fn recorder(&self) -> Option<&Recorder> {
+            Some(&self.recorder)
+        }
+
         #[track_caller]
         fn barrier(&self) -> Result<()> {
             let fp = self.fingerprint("barrier", None, Vec::new());
+            self.note(Op::Barrier, None, None, (0, 0), None);
             // checked: every rank has sent its record to every other, so all arrived
             let checked = self.agree(&fp, &[], None)?.is_some();
             if let Some(shm) = self.shm() {
@@ -569,6 +600,8 @@ mod imp {
         fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> Result<()> {
             checks::root(root, self.size())?;
             let fp = self.fingerprint("broadcast", Some(T::DTYPE), vec![buf.len(), root]);
+            let moved = traffic::broadcast(buf.len(), root, self.rank(), self.size(), size_of::<T>());
+            self.note(Op::Broadcast, None, Some(T::DTYPE), moved, None);
             self.agree(&fp, &[], None)?;
             if let Some(shm) = self.shm() {
                 return shm.broadcast(buf, root);
@@ -584,6 +617,8 @@ mod imp {
         fn all_reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
             checks::all_reduce(send, recv, op)?;
             let fp = self.fingerprint(op.fingerprint_name("all_reduce"), Some(T::DTYPE), vec![send.len()]);
+            let moved = traffic::all_reduce(send.len(), self.rank(), self.size(), size_of::<T>());
+            self.note(Op::AllReduce, Some(op), Some(T::DTYPE), moved, None);
             self.agree(&fp, &[], None)?;
             if let Some(shm) = self.shm() {
                 return shm.all_reduce(send, recv, op);
@@ -615,6 +650,8 @@ mod imp {
         ) -> Result<()> {
             checks::reduce_scatter(send, recv, counts, op, self.rank(), self.size())?;
             let fp = self.fingerprint(op.fingerprint_name("reduce_scatter"), Some(T::DTYPE), counts.to_vec());
+            let moved = traffic::reduce_scatter(counts, self.rank(), size_of::<T>());
+            self.note(Op::ReduceScatter, Some(op), Some(T::DTYPE), moved, None);
             self.agree(&fp, &[], None)?;
             if let Some(shm) = self.shm() {
                 return shm.reduce_scatter_v(send, recv, counts, op);
@@ -628,6 +665,13 @@ mod imp {
         fn all_gather_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
             checks::all_gather(send, recv, counts, self.rank(), self.size())?;
             let fp = self.fingerprint("all_gather", Some(T::DTYPE), counts.to_vec());
+            self.note(
+                Op::AllGather,
+                None,
+                Some(T::DTYPE),
+                traffic::all_gather(counts, self.rank(), size_of::<T>()),
+                None,
+            );
             self.agree(&fp, &[], None)?;
             if let Some(shm) = self.shm() {
                 return shm.all_gather_v(send, recv, counts);
@@ -651,6 +695,8 @@ mod imp {
             let n = self.size();
             checks::all_to_all(send, send_counts, recv, recv_counts, n)?;
             let fp = self.fingerprint("all_to_all", Some(T::DTYPE), vec![n]);
+            let moved = traffic::all_to_all(send_counts, recv_counts, self.rank(), size_of::<T>());
+            self.note(Op::AllToAll, None, Some(T::DTYPE), moved, None);
             let extra: Vec<usize> = send_counts.iter().chain(recv_counts).copied().collect();
             if let Some(all) = self.agree(&fp, &extra, None)? {
                 checks::all_to_all_pairs(&all, |r| self.members[r])?;
@@ -672,6 +718,8 @@ mod imp {
         fn send<T: Reducible>(&self, buf: &[T], to: usize) -> Result<()> {
             checks::peer("nx_collectives::send", to, self.rank(), self.size())?;
             let fp = Fingerprint::point_to_point(&self.seq, &self.axes, "send", Some(T::DTYPE), vec![buf.len()]);
+            let peers = vec![self.world_rank, self.members[to]];
+            self.note(Op::Send, None, Some(T::DTYPE), (size_of_val(buf) as u64, 0), Some(peers));
             self.pair(&fp, to)?;
             self.comm.process_at_rank(to as i32).send_with_tag(bytes(buf), DATA_TAG);
             Ok(())
@@ -681,6 +729,8 @@ mod imp {
         fn recv<T: Reducible>(&self, buf: &mut [T], from: usize) -> Result<()> {
             checks::peer("nx_collectives::recv", from, self.rank(), self.size())?;
             let fp = Fingerprint::point_to_point(&self.seq, &self.axes, "recv", Some(T::DTYPE), vec![buf.len()]);
+            let peers = vec![self.world_rank, self.members[from]];
+            self.note(Op::Recv, None, Some(T::DTYPE), (0, size_of_val(buf) as u64), Some(peers));
             self.pair(&fp, from)?;
             self.comm.process_at_rank(from as i32).receive_into_with_tag(bytes_mut(buf), DATA_TAG);
             Ok(())
@@ -689,6 +739,7 @@ mod imp {
         #[track_caller]
         fn split_over(&self, color: Option<usize>, key: usize, axes: &[String]) -> Result<Option<MpiComm>> {
             let fp = self.fingerprint("split", None, Vec::new());
+            self.note(Op::Split, None, None, (0, 0), None);
             self.agree(&fp, &[], None)?;
             let c = match color {
                 Some(c) => Color::with_value(c as i32),
@@ -709,6 +760,7 @@ mod imp {
                 scratch: RefCell::new(None),
                 shm,
                 axes: axes.to_vec(),
+                recorder: self.recorder.clone(),
             }))
         }
     }

@@ -7,6 +7,7 @@
 use nx_placement::region::{intersect, volume, Window};
 use nx_placement::{Op, Plan};
 
+use crate::log::Recorder;
 use crate::{Communicator, Error, ReduceOp, Reducible, Result};
 
 /// Copies the elements of box `b` from `src` (the data of box `sw`) into `dst` (of box `dw`).
@@ -98,10 +99,38 @@ pub fn place<T: Reducible, C: Communicator>(comm: &C, plan: &Plan, local: Option
             ),
         });
     }
-    let (mut data, mut win) = (local, old);
+    let (data, win) = (local, old);
+    let recorder = comm.recorder().cloned();
+    let outer = recorder.as_ref().and_then(|r| r.set_step(None));
+    let out = run_steps(comm, plan, me, &owner, (data, win), recorder.as_ref());
+    if let Some(r) = &recorder {
+        r.set_step(outer);
+    }
+    let (data, _) = out?;
+    // Devices that hold nothing at `to` (a `device` placement elsewhere) drop what they held.
+    Ok(me.and_then(|u| plan.new[u].as_ref().map(|_| data.unwrap_or_default())))
+}
+
+/// The steps of `plan` on this rank (device `me`, holding `data` over the window `win`), each
+/// named in `recorder` as it runs; answers what the rank holds after the last.
+fn run_steps<T: Reducible, C: Communicator>(
+    comm: &C,
+    plan: &Plan,
+    me: Option<usize>,
+    owner: &[usize],
+    (mut data, mut win): (Option<Vec<T>>, Option<Window>),
+    recorder: Option<&Recorder>,
+) -> Result<(Option<Vec<T>>, Option<Window>)> {
     for (k, step) in plan.steps.iter().enumerate() {
+        if let Some(r) = recorder {
+            let over =
+                if step.mesh_axes.is_empty() { String::new() } else { format!(" over {}", step.mesh_axes.join(".")) };
+            r.set_step(Some(format!("{k}: {}{over}", step.op.name())));
+        }
         let (c, key) = color(&step.groups, me);
-        let group = comm.split_over(c, key, &step.mesh_axes)?;
+        // only the steps that meet in groups split (every rank takes the same steps)
+        let grouped = !matches!(step.op, Op::SendRecv | Op::LocalSlice | Op::ZeroFill);
+        let group = if grouped { comm.split_over(c, key, &step.mesh_axes)? } else { None };
         match step.op {
             Op::AllReduce => {
                 if let (Some(g), Some(d)) = (&group, &data) {
@@ -267,6 +296,5 @@ pub fn place<T: Reducible, C: Communicator>(comm: &C, plan: &Plan, local: Option
             }
         }
     }
-    // Devices that hold nothing at `to` (a `device` placement elsewhere) drop what they held.
-    Ok(me.and_then(|u| plan.new[u].as_ref().map(|_| data.unwrap_or_default())))
+    Ok((data, win))
 }

@@ -10,7 +10,7 @@ use nx_collectives::{mismatch, Communicator};
 fn lengths_that_differ_are_refused_on_every_rank_checked_or_not() {
     for checked in [false, true] {
         for n in [2, 3, 5] {
-            let opts = SimOptions { checked, timeout: Duration::from_secs(30) };
+            let opts = SimOptions { checked, timeout: Duration::from_secs(30), ..Default::default() };
             let lines = sim::run(n, opts, |c| mismatch::suite(&c)).unwrap();
             for (r, lines) in lines.iter().enumerate() {
                 let ops = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "ops", "barrier"];
@@ -30,7 +30,7 @@ fn lengths_that_differ_are_refused_on_every_rank_checked_or_not() {
 #[test]
 fn counts_that_overflow_are_refused_before_any_byte_moves() {
     // counts whose sum wraps to the buffers' lengths: refused on each rank by its own check
-    let out = sim::run(2, SimOptions { checked: false, timeout: Duration::from_secs(30) }, |c| {
+    let out = sim::run(2, SimOptions { checked: false, timeout: Duration::from_secs(30), ..Default::default() }, |c| {
         let counts = [usize::MAX, 2];
         let mut recv = [0f32; 2];
         let a = c.reduce_scatter_v(&[0f32; 1], &mut recv[..counts[1].min(2)], &counts, nx_collectives::ReduceOp::Sum);

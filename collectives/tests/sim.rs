@@ -1,17 +1,16 @@
 //! The conformance suite on the simulated backend (1–8 ranks), its error paths, and `place` on
 //! random meshes, shapes and placement pairs.
 
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::time::Duration;
 
+use nx_collectives::log::{Log, Op as LogOp};
 use nx_collectives::sim::{self, SimComm, SimOptions};
-use nx_collectives::{place, Communicator, Error, ReduceOp, Reducible, Result};
+use nx_collectives::{place, Communicator, Error, ReduceOp, Result};
 use nx_placement::{plan, region, Device, Devices, MeshSpec, Op, PlacementSpec};
 use proptest::prelude::*;
 
 fn opts() -> SimOptions {
-    SimOptions { checked: true, timeout: Duration::from_secs(20) }
+    SimOptions { checked: true, timeout: Duration::from_secs(20), ..Default::default() }
 }
 
 #[test]
@@ -63,12 +62,16 @@ fn a_mismatch_is_an_error_naming_both_ranks() {
 #[test]
 fn a_rank_that_skips_a_collective_is_named_at_once() {
     let t = std::time::Instant::now();
-    let e = sim::run(3, SimOptions { checked: true, timeout: Duration::from_secs(60) }, |c: SimComm| -> Result<()> {
-        if c.rank() == 1 {
-            return Ok(()); // skips the barrier
-        }
-        c.barrier()
-    })
+    let e = sim::run(
+        3,
+        SimOptions { checked: true, timeout: Duration::from_secs(60), ..Default::default() },
+        |c: SimComm| -> Result<()> {
+            if c.rank() == 1 {
+                return Ok(()); // skips the barrier
+            }
+            c.barrier()
+        },
+    )
     .unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(10), "no hang");
     let text = e.to_string();
@@ -77,14 +80,17 @@ fn a_rank_that_skips_a_collective_is_named_at_once() {
 
 #[test]
 fn a_stall_times_out_naming_the_missing_ranks() {
-    let e =
-        sim::run(3, SimOptions { checked: true, timeout: Duration::from_millis(300) }, |c: SimComm| -> Result<()> {
+    let e = sim::run(
+        3,
+        SimOptions { checked: true, timeout: Duration::from_millis(300), ..Default::default() },
+        |c: SimComm| -> Result<()> {
             if c.rank() == 2 {
                 std::thread::sleep(Duration::from_millis(1500));
             }
             c.barrier()
-        })
-        .unwrap_err();
+        },
+    )
+    .unwrap_err();
     let text = e.to_string();
     assert!(text.contains("waited") && text.contains("for ranks [2]"), "{text}");
 }
@@ -116,68 +122,6 @@ fn a_panic_is_the_root_cause_and_bad_counts_are_refused() {
             && e.to_string().contains("receiving 2 elements from rank 0"),
         "{e}"
     );
-}
-
-/// A communicator that logs the collectives it issues (not the splits), for counting.
-struct Counting {
-    inner: SimComm,
-    log: Rc<RefCell<Vec<&'static str>>>,
-}
-
-impl Counting {
-    fn note(&self, op: &'static str) {
-        self.log.borrow_mut().push(op);
-    }
-}
-
-impl Communicator for Counting {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-    fn backend(&self) -> &'static str {
-        "counting"
-    }
-    fn world_rank(&self) -> usize {
-        self.inner.world_rank()
-    }
-    fn barrier(&self) -> Result<()> {
-        self.note("barrier");
-        self.inner.barrier()
-    }
-    fn broadcast<T: Reducible>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        self.note("broadcast");
-        self.inner.broadcast(buf, root)
-    }
-    fn all_reduce<T: Reducible>(&self, s: &[T], r: &mut [T], op: ReduceOp) -> Result<()> {
-        self.note("all_reduce");
-        self.inner.all_reduce(s, r, op)
-    }
-    fn reduce_scatter_v<T: Reducible>(&self, s: &[T], r: &mut [T], c: &[usize], op: ReduceOp) -> Result<()> {
-        self.note("reduce_scatter");
-        self.inner.reduce_scatter_v(s, r, c, op)
-    }
-    fn all_gather_v<T: Reducible>(&self, s: &[T], r: &mut [T], c: &[usize]) -> Result<()> {
-        self.note("all_gather");
-        self.inner.all_gather_v(s, r, c)
-    }
-    fn all_to_all_v<T: Reducible>(&self, s: &[T], sc: &[usize], r: &mut [T], rc: &[usize]) -> Result<()> {
-        self.note("all_to_all");
-        self.inner.all_to_all_v(s, sc, r, rc)
-    }
-    fn send<T: Reducible>(&self, b: &[T], to: usize) -> Result<()> {
-        self.note("send");
-        self.inner.send(b, to)
-    }
-    fn recv<T: Reducible>(&self, b: &mut [T], from: usize) -> Result<()> {
-        self.note("recv");
-        self.inner.recv(b, from)
-    }
-    fn split_over(&self, color: Option<usize>, key: usize, axes: &[String]) -> Result<Option<Counting>> {
-        Ok(self.inner.split_over(color, key, axes)?.map(|inner| Counting { inner, log: self.log.clone() }))
-    }
 }
 
 /// The global value's element at flat index i, and term t's share of it.
@@ -253,8 +197,8 @@ proptest! {
             }
             out
         };
-        let result = sim::run(n, opts(), |c: SimComm| -> Result<(Vec<&'static str>, Vec<Op>)> {
-            Devices::with(Device::sims(n), |set| -> Result<(Vec<&'static str>, Vec<Op>)> {
+        let result = sim::run(n, opts(), |c: SimComm| -> Result<(Log, Vec<nx_placement::Step>, usize)> {
+            Devices::with(Device::sims(n), |set| -> Result<(Log, Vec<nx_placement::Step>, usize)> {
                 let m = mesh.over(&set).unwrap();
                 let (p, q) = (from.over(&m).unwrap(), to.over(&m).unwrap());
                 let pl = plan(&p, &q, &shape, 4)?;
@@ -264,8 +208,10 @@ proptest! {
                     let t = p.term(r).unwrap();
                     elements(w).into_iter().map(|i| match t { Some(t) => term(i, t), None => global(i) }).collect::<Vec<f32>>()
                 });
-                let counting = Counting { inner: c, log: Rc::new(RefCell::new(Vec::new())) };
-                let got = place(&counting, &pl, local)?;
+                let rec = c.recorder().expect("sim records").clone();
+                let mark = rec.start();
+                let got = place(&c, &pl, local)?;
+                let log = rec.stop(mark, c.world_rank());
                 // the closed value: the term-order sum where `from` is partial
                 let terms = p.terms();
                 let value = |i: usize| if p.is_partial() { (1..terms).fold(term(i, 0), |acc, t| acc + term(i, t)) } else { global(i) };
@@ -285,27 +231,41 @@ proptest! {
                     }
                     (w, d) => panic!("rank {r}: window {w:?}, data {:?}", d.map(|d| d.len())),
                 }
-                // the collectives this rank issued are the plan's steps it takes part in
-                let mine: Vec<Op> = pl.steps.iter().filter(|s| match s.op {
+                // the steps this rank takes part in, by index
+                let mine: Vec<nx_placement::Step> = pl.steps.iter().filter(|s| match s.op {
                     Op::SendRecv => true,
                     Op::LocalSlice | Op::ZeroFill => false,
                     _ => s.groups.iter().any(|g| g.contains(&r)),
-                }).map(|s| s.op).collect();
-                let log = counting.log.borrow().clone();
-                Ok((log, mine))
+                }).cloned().collect();
+                Ok((log, mine, r))
             }).unwrap()
         });
         let per_rank = result.unwrap_or_else(|e| panic!("{from} -> {to} over {mesh} shape {shape:?}: {e}"));
-        for (log, ops) in per_rank {
-            let want: Vec<&str> = ops.iter().map(|o| match o {
-                Op::AllGather => "all_gather",
-                Op::AllToAll | Op::SendRecv => "all_to_all",
-                Op::AllReduce => "all_reduce",
-                Op::ReduceScatter => "reduce_scatter",
-                Op::Broadcast => "broadcast",
-                _ => unreachable!(),
-            }).collect();
-            prop_assert_eq!(log, want);
+        for (log, steps, r) in per_rank {
+            // the collectives this rank issued are the plan's steps it takes part in: the same
+            // op, group (mesh axes and members), and bytes sent and received
+            let calls: Vec<&nx_collectives::log::Event> = log.collectives().collect();
+            prop_assert_eq!(calls.len(), steps.len(), "rank {}: {} -> {} over {} shape {:?}\n{}", r, from, to, mesh, shape, log);
+            for (e, st) in calls.iter().zip(&steps) {
+                let op = match st.op {
+                    Op::AllGather => LogOp::AllGather,
+                    Op::AllToAll | Op::SendRecv => LogOp::AllToAll,
+                    Op::AllReduce => LogOp::AllReduce,
+                    Op::ReduceScatter => LogOp::ReduceScatter,
+                    Op::Broadcast => LogOp::Broadcast,
+                    other => panic!("{other:?} issues no collective"),
+                };
+                prop_assert_eq!(e.op, op);
+                prop_assert_eq!(&e.axes, &st.mesh_axes);
+                let group: Vec<usize> = match st.op {
+                    Op::SendRecv => (0..n).collect(),
+                    _ => st.groups.iter().find(|g| g.contains(&r)).cloned().unwrap_or_default(),
+                };
+                prop_assert_eq!(&e.members, &group);
+                prop_assert_eq!((e.bytes_sent, e.bytes_received), (st.bytes_sent[r], st.bytes_received[r]),
+                    "rank {}: {:?} of {} -> {} over {} shape {:?}", r, st.op, from, to, mesh, shape);
+                prop_assert!(e.step.as_deref().is_some_and(|s| s.contains(st.op.name())), "{:?}", e.step);
+            }
         }
         let _ = numel;
     }

@@ -205,7 +205,7 @@ pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
     let (backend, n, bw, times, plain): (&'static str, usize, f64, Times, Option<Times>) = match a.backend.as_str() {
         "sim" => {
             let bw = copy_bandwidth();
-            let opts = SimOptions { checked: false, timeout: Duration::from_secs(600) };
+            let opts = SimOptions { checked: false, timeout: Duration::from_secs(600), ..Default::default() };
             let t = sim::run(a.ranks, opts, |c: SimComm| time_ops(&c, &sizes, reps, None))?;
             ("sim", a.ranks, bw, t[0].0.clone(), None)
         }

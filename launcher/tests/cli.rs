@@ -257,3 +257,44 @@ fn bad_input_is_one_line_naming_the_problem_never_a_panic() {
         assert!(lines[0].contains(want), "nx {args:?}: {:?} lacks {want:?}", lines[0]);
     }
 }
+
+#[test]
+fn the_collective_log_shows_the_bytes_nx_plan_prints() {
+    // for each transition, what `nx plan --json` prints per step and device is what every rank's
+    // log of running it on the simulated mesh records
+    let transitions = [
+        ("mesh(0:tp)", "mesh(1:tp)"),
+        ("mesh(0:dp.tp)", "on"),
+        ("partial(tp; 0:dp)", "mesh(0:dp)"),
+        ("partial(tp; 0:dp)", "mesh(0:dp.tp)"),
+        ("device(3)", "on"),
+        ("mesh(0:dp)", "mesh(0:tp)"),
+        ("mesh(0:tp.dp)", "mesh(0:dp.tp)"),
+        ("split(1)", "mesh(0:tp)"),
+    ];
+    for (from, to) in transitions {
+        let o = nx(&["plan", "--mesh", "dp=2,tp=4", "--shape", "37,21", "--from", from, "--to", to, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let steps = v["steps"].as_array().unwrap().clone();
+        let opts = nx::LaunchOptions { devices: Some(8), ..Default::default() };
+        nx::launch_with(&opts, |ctx| {
+            let m = ctx.mesh(&[("dp", 2), ("tp", 4)])?;
+            let (p, q) = (from.parse::<nx::PlacementSpec>()?.over(&m)?, to.parse::<nx::PlacementSpec>()?.over(&m)?);
+            let t = nx::Tensor::<f32>::rand(ctx, &[37, 21], &p, 5)?;
+            let (_, log) = ctx.record(|| t.place(&q))?;
+            let calls: Vec<_> = log.collectives().collect();
+            let u = ctx.index();
+            // the steps that issue a collective (every device of this mesh takes part in each)
+            let mine: Vec<&serde_json::Value> =
+                steps.iter().filter(|s| s["op"] != "local_slice" && s["op"] != "zero_fill").collect();
+            assert!(!mine.is_empty(), "{from} -> {to} moves bytes");
+            assert_eq!(calls.len(), mine.len(), "{from} -> {to} on device {u}:\n{log}");
+            for (e, s) in calls.iter().zip(mine) {
+                assert_eq!(e.bytes_sent, s["bytes_sent"][u].as_u64().unwrap(), "{from} -> {to} on device {u}:\n{log}");
+                assert_eq!(e.bytes_received, s["bytes_received"][u].as_u64().unwrap(), "{from} -> {to}:\n{log}");
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{from} -> {to}: {e}"));
+    }
+}

@@ -84,7 +84,7 @@ fn matches_sim_bit_for_bit() {
                 s.barrier().unwrap();
                 (ar, rs, ag, out, b)
             });
-            let theirs = sim::run(n, crate::Options::default(), |c| {
+            let theirs = sim::run(n, sim::SimOptions::default(), |c| {
                 let send = values(c.rank(), len);
                 let mut ar = vec![0f32; len];
                 c.all_reduce(&send, &mut ar, ReduceOp::Sum)?;

@@ -1,116 +1,78 @@
 //! The simulated backend: N ranks as threads of one process, collectives through shared memory.
 //!
 //! [`run`] starts the ranks and hands each a [`SimComm`] over the world. A collective is two
-//! rendezvous of its group: at the first each rank posts its fingerprint and the addresses of its
-//! buffers, and every rank checks every fingerprint; between the two, each rank reads its peers'
-//! buffers where they lie and writes results where they go (an all-reduce sums its own chunk of
-//! every rank's input in rank order and writes it straight into every rank's output, streaming
-//! the stores when large); the second rendezvous ends the call once every rank is done with every
-//! buffer. All state lives in the world a call of [`run`] makes: many simulated worlds run side by
-//! side in one process.
+//! rendezvous of its group ([`sync`]): at the first each rank posts its fingerprint and the
+//! addresses of its buffers, and every rank checks every fingerprint; between the two, each rank
+//! reads its peers' buffers where they lie and writes results where they go (an all-reduce sums
+//! its own chunk of every rank's input in rank order and writes it straight into every rank's
+//! output, streaming the stores when large); the second rendezvous ends the call once every rank
+//! is done with every buffer. All state lives in the world a call of [`run`] makes: many simulated
+//! worlds run side by side in one process.
 //!
 //! A rank whose body returns an error, panics or returns while peers wait for it is reported to
 //! them at once ([`Error::PeerGone`]); a collective that waits past the timeout fails with the
-//! ranks that did not arrive ([`Error::Timeout`]).
+//! ranks that did not arrive ([`Error::Timeout`]). Faults can be injected through the options
+//! ([`Fault`]). Every rank records its calls into its [`Recorder`] ([`crate::log`]).
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::fmt::Display;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::checks;
+use crate::log::{traffic, Event, Op, Recorder};
 use crate::reduce::reduce_into;
 use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
 
-/// Settings of a simulated world: the collectives' [`crate::Options`].
-pub type SimOptions = crate::Options;
+mod fault;
+mod sync;
+
+pub use fault::{Fault, FaultKind};
+use sync::{Group, Mail, Slot, World};
+
+/// Settings of a simulated world, passed explicitly (no global switch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Agree on full fingerprints (sequence, op, dtype, counts, mesh axes, call site) before each
+    /// collective; op, dtype and counts are always checked.
+    pub checked: bool,
+    /// How long a collective waits for its peers before failing.
+    pub timeout: Duration,
+    /// Faults to inject ([`Fault`]).
+    pub faults: Vec<Fault>,
+}
+
+impl Default for SimOptions {
+    /// The collectives' defaults ([`crate::Options`]), no faults.
+    fn default() -> Self {
+        let o = crate::Options::default();
+        SimOptions { checked: o.checked, timeout: o.timeout, faults: Vec::new() }
+    }
+}
 
 /// The most ranks a simulated world has (a thread each).
 pub const MAX_RANKS: usize = 4096;
-
-#[derive(Debug, Clone, Default)]
-struct Slot {
-    fp: Option<Fingerprint>,
-    send: usize,
-    recv: usize,
-    extra: Vec<usize>,
-}
-
-#[derive(Debug)]
-struct Group {
-    members: Vec<usize>,
-    gen: u64,
-    arrived: Vec<bool>,
-    count: usize,
-    slots: Vec<Slot>,
-    done: Vec<Slot>,
-}
-
-#[derive(Debug)]
-struct Mail {
-    addr: usize,
-    len: usize,
-    fp: Fingerprint,
-    taken: bool,
-    refused: Option<String>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    groups: HashMap<Vec<u64>, Group>,
-    gone: Vec<Option<String>>,
-    first_failure: Option<(usize, String)>,
-    mail: HashMap<(usize, usize), Mail>,
-}
-
-#[derive(Debug)]
-struct World {
-    opts: SimOptions,
-    state: Mutex<State>,
-    cv: Condvar,
-}
-
-impl World {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Marks `rank` gone: `why` for its peers ("failed: …"), `cause` the root cause if it failed.
-    fn leave(&self, rank: usize, why: String, cause: Option<String>) {
-        let mut st = self.lock();
-        if let (Some(c), None) = (cause, &st.first_failure) {
-            st.first_failure = Some((rank, c));
-        }
-        st.gone[rank] = Some(why);
-        self.cv.notify_all();
-    }
-}
 
 /// A communicator over a group of simulated ranks.
 #[derive(Debug)]
 pub struct SimComm {
     world: Arc<World>,
+    group: Arc<Group>,
     key: Vec<u64>,
-    members: Arc<[usize]>,
     rank: usize,
     seq: Cell<u64>,
     /// The mesh axes the group spans (for fingerprints).
     axes: Vec<String>,
-}
-
-fn group(members: Vec<usize>) -> Group {
-    let n = members.len();
-    Group { members, gen: 0, arrived: vec![false; n], count: 0, slots: vec![Slot::default(); n], done: Vec::new() }
+    recorder: Recorder,
 }
 
 /// Runs `body` on `n` simulated ranks, each a thread with its [`SimComm`] over the world, and
 /// returns their results in rank order.
 ///
 /// # Errors
-/// [`Error::Invalid`] for `n` = 0 or past [`MAX_RANKS`]; [`Error::RankFailed`] naming the first rank whose body failed
-/// or panicked (the root cause; the others' errors follow from it).
+/// [`Error::Invalid`] for `n` = 0 or past [`MAX_RANKS`]; [`Error::RankFailed`] naming the first
+/// rank whose body failed or panicked (the root cause; the others' errors follow from it).
 pub fn run<R, E, F>(n: usize, opts: SimOptions, body: F) -> Result<Vec<R>>
 where
     R: Send,
@@ -123,46 +85,43 @@ where
             why: format!("a world of {n} ranks (a simulated world has 1 to {MAX_RANKS}: a thread each)"),
         });
     }
-    let mut state = State { gone: vec![None; n], ..State::default() };
-    state.groups.insert(Vec::new(), group((0..n).collect()));
-    let world = Arc::new(World { opts, state: Mutex::new(state), cv: Condvar::new() });
-    let members: Arc<[usize]> = (0..n).collect();
+    let world = Arc::new(World::new(n, opts));
     let results: Vec<Option<R>> = std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(n);
         for r in 0..n {
-            let started = {
+            let (w, body) = (world.clone(), &body);
+            let started = std::thread::Builder::new().name(format!("nx-sim-rank-{r}")).spawn_scoped(s, move || {
+                let world = w;
                 let comm = SimComm {
+                    group: world.group(&[], || (0..n).collect()),
                     world: world.clone(),
                     key: Vec::new(),
-                    members: members.clone(),
                     rank: r,
                     seq: Cell::new(0),
                     axes: Vec::new(),
+                    recorder: Recorder::new(),
                 };
-                let (world, body) = (world.clone(), &body);
-                std::thread::Builder::new().name(format!("nx-sim-rank-{r}")).spawn_scoped(s, move || {
-                    let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
-                    match out {
-                        Ok(Ok(v)) => {
-                            world.leave(r, "returned from its body".into(), None);
-                            Some(v)
-                        }
-                        Ok(Err(e)) => {
-                            world.leave(r, format!("failed: {e}"), Some(e.to_string()));
-                            None
-                        }
-                        Err(p) => {
-                            let msg = p
-                                .downcast_ref::<String>()
-                                .cloned()
-                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                .unwrap_or_else(|| "a panic".into());
-                            world.leave(r, format!("panicked: {msg}"), Some(format!("panicked: {msg}")));
-                            None
-                        }
+                let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
+                match out {
+                    Ok(Ok(v)) => {
+                        world.leave(r, "returned from its body".into(), None);
+                        Some(v)
                     }
-                })
-            };
+                    Ok(Err(e)) => {
+                        world.leave(r, format!("failed: {e}"), Some(e.to_string()));
+                        None
+                    }
+                    Err(p) => {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "a panic".into());
+                        world.leave(r, format!("panicked: {msg}"), Some(format!("panicked: {msg}")));
+                        None
+                    }
+                }
+            });
             match started {
                 Ok(h) => handles.push(h),
                 Err(e) => {
@@ -179,7 +138,7 @@ where
         out.resize_with(n, || None);
         out
     });
-    if let Some((rank, why)) = world.lock().first_failure.clone() {
+    if let Some((rank, why)) = world.first_failure() {
         return Err(Error::RankFailed { rank, why });
     }
     Ok(results.into_iter().map(|r| r.expect("every rank returned")).collect())
@@ -187,7 +146,7 @@ where
 
 impl SimComm {
     fn world_of(&self, r: usize) -> usize {
-        self.members[r]
+        self.group.members[r]
     }
 
     #[track_caller]
@@ -195,70 +154,56 @@ impl SimComm {
         Fingerprint::next(&self.seq, &self.axes, op, dtype, counts)
     }
 
-    /// Posts `slot` and waits for every member; answers every member's slot.
-    fn rendezvous(&self, slot: Slot) -> Result<Vec<Slot>> {
-        let call = slot.fp.as_ref().map_or_else(|| "a collective".to_string(), |f| f.to_string());
-        let start = Instant::now();
-        let mut st = self.world.lock();
-        let g = st.groups.get_mut(&self.key).expect("the group exists");
-        let my_gen = g.gen;
-        g.slots[self.rank] = slot;
-        g.arrived[self.rank] = true;
-        g.count += 1;
-        if g.count == g.members.len() {
-            g.gen += 1;
-            g.count = 0;
-            g.arrived.iter_mut().for_each(|a| *a = false);
-            g.done = std::mem::take(&mut g.slots);
-            g.slots = vec![Slot::default(); g.members.len()];
-            let out = g.done.clone();
-            self.world.cv.notify_all();
-            return Ok(out);
-        }
-        loop {
-            let g = st.groups.get(&self.key).expect("the group exists");
-            if g.gen != my_gen {
-                return Ok(g.done.clone());
-            }
-            let waiting: Vec<usize> = (0..g.members.len()).filter(|&m| !g.arrived[m]).map(|m| g.members[m]).collect();
-            if let Some(&peer) = waiting.iter().find(|&&w| st.gone[w].is_some()) {
-                let why = st.gone[peer].clone().unwrap_or_default();
-                return Err(Error::PeerGone { rank: self.world_rank(), call, peer, why });
-            }
-            let waited = start.elapsed();
-            if waited >= self.world.opts.timeout {
-                drop(st);
-                let e =
-                    Error::Timeout { rank: self.world_rank(), call, waited_s: waited.as_secs_f64(), missing: waiting };
-                self.world.leave(self.world_rank(), format!("failed: {e}"), Some(e.to_string()));
-                return Err(e);
-            }
-            let slice = (self.world.opts.timeout - waited).min(Duration::from_millis(200));
-            st = self.world.cv.wait_timeout(st, slice).unwrap_or_else(|e| e.into_inner()).0;
-        }
+    /// Records a call of `op` moving `(sent, received)` bytes, where a region is open.
+    fn note(&self, op: Op, reduce: Option<ReduceOp>, dtype: Option<nx_kernels::Dtype>, bytes: (u64, u64)) {
+        self.recorder.note(|| Event {
+            op,
+            reduce,
+            dtype,
+            axes: self.axes.clone(),
+            members: self.group.members.clone(),
+            bytes_sent: bytes.0,
+            bytes_received: bytes.1,
+            step: None,
+        });
     }
 
-    /// The first rendezvous of a collective, with the fingerprint check.
-    fn open(&self, fp: Fingerprint, send: usize, recv: usize, extra: Vec<usize>) -> Result<Vec<Slot>> {
-        let slots = self.rendezvous(Slot { fp: Some(fp), send, recv, extra })?;
-        let first = slots[0].fp.as_ref().expect("posted");
-        for (j, s) in slots.iter().enumerate().skip(1) {
-            let f = s.fp.as_ref().expect("posted");
-            if !first.agrees(f, self.world.opts.checked) {
-                return Err(Error::Mismatch {
-                    rank_a: self.world_of(0),
-                    call_a: first.to_string(),
-                    rank_b: self.world_of(j),
-                    call_b: f.to_string(),
-                });
-            }
+    /// The first rendezvous of a collective: applies an injected fault, posts the fingerprint and
+    /// buffers, and checks every member's fingerprint. Answers the rendezvous's parity and every
+    /// member's `(send, recv)` addresses.
+    fn open(
+        &self,
+        fp: Fingerprint,
+        send: usize,
+        recv: usize,
+        extra: Vec<usize>,
+    ) -> Result<(usize, Vec<(usize, usize)>)> {
+        let call = || fp.to_string();
+        self.world.fault(self.world_rank(), &call)?;
+        let text = fp.to_string();
+        let parity =
+            self.group
+                .meet(&self.world, self.rank, Some(Slot { fp: Some(fp), send, recv, extra }), &|| text.clone())?;
+        let n = self.size();
+        // every member compares every fingerprint with member 0's: the same verdict on every rank
+        let mismatch = self.group.slot(parity, 0, |first| {
+            let a = first.fp.as_ref().expect("posted");
+            (1..n).find_map(|j| {
+                self.group.slot(parity, j, |s| {
+                    let b = s.fp.as_ref().expect("posted");
+                    (!a.agrees(b, self.world.opts.checked)).then(|| (a.to_string(), b.to_string(), j))
+                })
+            })
+        });
+        if let Some((call_a, call_b, j)) = mismatch {
+            return Err(Error::Mismatch { rank_a: self.world_of(0), call_a, rank_b: self.world_of(j), call_b });
         }
-        Ok(slots)
+        Ok((parity, (0..n).map(|m| self.group.slot(parity, m, |s| (s.send, s.recv))).collect()))
     }
 
     /// The second rendezvous: every member is done with every buffer.
-    fn close(&self) -> Result<()> {
-        self.rendezvous(Slot::default()).map(|_| ())
+    fn close(&self, what: &'static str) -> Result<()> {
+        self.group.meet(&self.world, self.rank, None, &|| format!("the end of {what}")).map(|_| ())
     }
 }
 
@@ -292,7 +237,7 @@ impl Communicator for SimComm {
     }
 
     fn size(&self) -> usize {
-        self.members.len()
+        self.group.members.len()
     }
 
     fn backend(&self) -> &'static str {
@@ -300,14 +245,19 @@ impl Communicator for SimComm {
     }
 
     fn world_rank(&self) -> usize {
-        self.members[self.rank]
+        self.group.members[self.rank]
+    }
+
+    fn recorder(&self) -> Option<&Recorder> {
+        Some(&self.recorder)
     }
 
     #[track_caller]
     fn barrier(&self) -> Result<()> {
         let fp = self.fingerprint("barrier", None, Vec::new());
+        self.note(Op::Barrier, None, None, (0, 0));
         self.open(fp, 0, 0, Vec::new())?;
-        self.close()
+        self.close("barrier")
     }
 
     #[track_caller]
@@ -315,20 +265,24 @@ impl Communicator for SimComm {
         checks::root(root, self.size())?;
         let fp = self.fingerprint("broadcast", Some(T::DTYPE), vec![buf.len(), root]);
         let addr = buf.as_mut_ptr() as usize;
-        let slots = self.open(fp, addr, addr, Vec::new())?;
+        let bytes = traffic::broadcast(buf.len(), root, self.rank, self.size(), size_of::<T>());
+        self.note(Op::Broadcast, None, Some(T::DTYPE), bytes);
+        let (_, slots) = self.open(fp, addr, addr, Vec::new())?;
         if self.rank != root && !buf.is_empty() {
             // SAFETY: the root is blocked in this call until `close`, and only reads its buffer;
             // lengths agree (checked by the fingerprints); this rank writes its own buffer alone.
-            unsafe { put(slots[root].send as *const T, addr as *mut T, buf.len(), false) };
+            unsafe { put(slots[root].0 as *const T, addr as *mut T, buf.len(), false) };
         }
-        self.close()
+        self.close("broadcast")
     }
 
     #[track_caller]
     fn all_reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         checks::all_reduce(send, recv, op)?;
         let fp = self.fingerprint(op.fingerprint_name("all_reduce"), Some(T::DTYPE), vec![send.len()]);
-        let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
+        let bytes = traffic::all_reduce(send.len(), self.rank, self.size(), size_of::<T>());
+        self.note(Op::AllReduce, Some(op), Some(T::DTYPE), bytes);
+        let (_, slots) = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let (n, len) = (self.size(), send.len());
         let (lo, hi) = (self.rank * len / n, (self.rank + 1) * len / n);
         // This rank sums elements lo..hi of every member's send, in member (term) order, a block at
@@ -343,10 +297,10 @@ impl Communicator for SimComm {
             // only read, and this rank alone writes elements lo..hi of every member's recv buffer.
             unsafe {
                 let terms: Vec<&[T]> =
-                    slots.iter().map(|s| std::slice::from_raw_parts((s.send as *const T).add(at), m)).collect();
+                    slots.iter().map(|s| std::slice::from_raw_parts((s.0 as *const T).add(at), m)).collect();
                 reduce_into(op, &terms, &mut block[..m]);
                 for s in &slots {
-                    put(block.as_ptr(), (s.recv as *mut T).add(at), m, stream);
+                    put(block.as_ptr(), (s.1 as *mut T).add(at), m, stream);
                 }
             }
             at += m;
@@ -354,30 +308,37 @@ impl Communicator for SimComm {
         if stream {
             nx_kernels::host::store_fence();
         }
-        self.close()
+        self.close("all_reduce")
     }
 
     #[track_caller]
     fn reduce_scatter_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: ReduceOp) -> Result<()> {
         checks::reduce_scatter(send, recv, counts, op, self.rank(), self.size())?;
         let fp = self.fingerprint(op.fingerprint_name("reduce_scatter"), Some(T::DTYPE), counts.to_vec());
-        let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
+        self.note(
+            Op::ReduceScatter,
+            Some(op),
+            Some(T::DTYPE),
+            traffic::reduce_scatter(counts, self.rank, size_of::<T>()),
+        );
+        let (_, slots) = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let off: usize = counts[..self.rank].iter().sum();
         // SAFETY: members are blocked until `close`; send buffers only read (their lengths agree by
         // the fingerprints); this rank writes its own recv alone.
         unsafe {
             let terms: Vec<&[T]> =
-                slots.iter().map(|s| std::slice::from_raw_parts((s.send as *const T).add(off), recv.len())).collect();
+                slots.iter().map(|s| std::slice::from_raw_parts((s.0 as *const T).add(off), recv.len())).collect();
             reduce_into(op, &terms, recv);
         }
-        self.close()
+        self.close("reduce_scatter")
     }
 
     #[track_caller]
     fn all_gather_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
         checks::all_gather(send, recv, counts, self.rank(), self.size())?;
         let fp = self.fingerprint("all_gather", Some(T::DTYPE), counts.to_vec());
-        let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
+        self.note(Op::AllGather, None, Some(T::DTYPE), traffic::all_gather(counts, self.rank, size_of::<T>()));
+        let (_, slots) = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, Vec::new())?;
         let off: usize = counts[..self.rank].iter().sum();
         let stream = streams::<T>(recv.len());
         // a piece at a time into every member's recv, starting past this rank, so that each piece
@@ -388,13 +349,13 @@ impl Communicator for SimComm {
             for s in slots.iter().cycle().skip(self.rank + 1).take(n) {
                 // SAFETY: members are blocked until `close`; this rank writes its own block of
                 // every member's recv (disjoint from every other writer's) from its own send.
-                unsafe { put(send.as_ptr().add(lo), (s.recv as *mut T).add(off + lo), m, stream) };
+                unsafe { put(send.as_ptr().add(lo), (s.1 as *mut T).add(off + lo), m, stream) };
             }
         }
         if stream {
             nx_kernels::host::store_fence();
         }
-        self.close()
+        self.close("all_gather")
     }
 
     #[track_caller]
@@ -409,20 +370,22 @@ impl Communicator for SimComm {
         checks::all_to_all(send, send_counts, recv, recv_counts, n)?;
         let fp = self.fingerprint("all_to_all", Some(T::DTYPE), vec![n]);
         let extra: Vec<usize> = send_counts.iter().chain(recv_counts).copied().collect();
-        let slots = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, extra)?;
+        let bytes = traffic::all_to_all(send_counts, recv_counts, self.rank, size_of::<T>());
+        self.note(Op::AllToAll, None, Some(T::DTYPE), bytes);
+        let (parity, slots) = self.open(fp, send.as_ptr() as usize, recv.as_mut_ptr() as usize, extra)?;
         // every sender's count must be its receiver's; all ranks check all pairs alike
-        let all: Vec<Vec<usize>> = slots.iter().map(|s| s.extra.clone()).collect();
+        let all: Vec<Vec<usize>> = (0..n).map(|m| self.group.slot(parity, m, |s| s.extra.clone())).collect();
         checks::all_to_all_pairs(&all, |r| self.world_of(r))?;
         let mut at = 0;
         for (j, sj) in slots.iter().enumerate() {
-            let src_off: usize = sj.extra[..self.rank].iter().sum();
+            let src_off: usize = all[j][..self.rank].iter().sum();
             let cnt = recv_counts[j];
             // SAFETY: members are blocked until `close`; their send buffers are only read, at
             // offsets and counts every rank agreed on above; this rank writes its own recv.
-            unsafe { put((sj.send as *const T).add(src_off), recv.as_mut_ptr().add(at), cnt, false) };
+            unsafe { put((sj.0 as *const T).add(src_off), recv.as_mut_ptr().add(at), cnt, false) };
             at += cnt;
         }
-        self.close()
+        self.close("all_to_all")
     }
 
     #[track_caller]
@@ -430,35 +393,47 @@ impl Communicator for SimComm {
         checks::peer("nx_collectives::send", to, self.rank(), self.size())?;
         let fp = Fingerprint::point_to_point(&self.seq, &self.axes, "send", Some(T::DTYPE), vec![buf.len()]);
         let key = (self.world_rank(), self.world_of(to));
+        let bytes = size_of_val(buf) as u64;
+        self.recorder.note(|| Event {
+            op: Op::Send,
+            reduce: None,
+            dtype: Some(T::DTYPE),
+            axes: self.axes.clone(),
+            members: vec![key.0, key.1],
+            bytes_sent: bytes,
+            bytes_received: 0,
+            step: None,
+        });
         let call = fp.to_string();
         let start = Instant::now();
-        let mut st = self.world.lock();
-        st.mail.insert(key, Mail { addr: buf.as_ptr() as usize, len: buf.len(), fp, taken: false, refused: None });
-        self.world.cv.notify_all();
+        let w = &*self.world;
+        let mut mail = w.mail.lock().unwrap_or_else(|e| e.into_inner());
+        mail.insert(key, Mail { addr: buf.as_ptr() as usize, len: buf.len(), fp, taken: false, refused: None });
+        w.mail_cv.notify_all();
         loop {
-            let m = st.mail.get(&key).expect("posted");
+            let m = mail.get(&key).expect("posted");
             if m.taken {
                 let refused = m.refused.clone();
-                st.mail.remove(&key);
+                mail.remove(&key);
                 return match refused {
                     Some(r) => Err(Error::Mismatch { rank_a: key.0, call_a: call, rank_b: key.1, call_b: r }),
                     None => Ok(()),
                 };
             }
-            if let Some(why) = st.gone[key.1].clone() {
-                st.mail.remove(&key);
-                return Err(Error::PeerGone { rank: key.0, call, peer: key.1, why });
+            if w.is_gone(key.1) {
+                mail.remove(&key);
+                return Err(Error::PeerGone { rank: key.0, call, peer: key.1, why: w.why_gone(key.1) });
             }
             let waited = start.elapsed();
-            if waited >= self.world.opts.timeout {
-                st.mail.remove(&key);
-                drop(st);
+            if waited >= w.opts.timeout {
+                mail.remove(&key);
+                drop(mail);
                 let e = Error::Timeout { rank: key.0, call, waited_s: waited.as_secs_f64(), missing: vec![key.1] };
-                self.world.leave(key.0, format!("failed: {e}"), Some(e.to_string()));
+                w.leave(key.0, format!("failed: {e}"), Some(e.to_string()));
                 return Err(e);
             }
-            let slice = (self.world.opts.timeout - waited).min(Duration::from_millis(200));
-            st = self.world.cv.wait_timeout(st, slice).unwrap_or_else(|e| e.into_inner()).0;
+            let slice = (w.opts.timeout - waited).min(Duration::from_millis(200));
+            mail = w.mail_cv.wait_timeout(mail, slice).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
@@ -467,37 +442,49 @@ impl Communicator for SimComm {
         checks::peer("nx_collectives::recv", from, self.rank(), self.size())?;
         let fp = Fingerprint::point_to_point(&self.seq, &self.axes, "recv", Some(T::DTYPE), vec![buf.len()]);
         let key = (self.world_of(from), self.world_rank());
+        let bytes = size_of_val(buf) as u64;
+        self.recorder.note(|| Event {
+            op: Op::Recv,
+            reduce: None,
+            dtype: Some(T::DTYPE),
+            axes: self.axes.clone(),
+            members: vec![key.1, key.0],
+            bytes_sent: 0,
+            bytes_received: bytes,
+            step: None,
+        });
         let call = fp.to_string();
         let start = Instant::now();
-        let mut st = self.world.lock();
+        let w = &*self.world;
+        let mut mail = w.mail.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(m) = st.mail.get_mut(&key).filter(|m| !m.taken) {
+            if let Some(m) = mail.get_mut(&key).filter(|m| !m.taken) {
                 m.taken = true;
                 let ok = m.fp.dtype == fp.dtype && m.len == buf.len();
                 let theirs = m.fp.to_string();
                 if !ok {
                     m.refused = Some(call.clone());
-                    self.world.cv.notify_all();
+                    w.mail_cv.notify_all();
                     return Err(Error::Mismatch { rank_a: key.0, call_a: theirs, rank_b: key.1, call_b: call });
                 }
                 // SAFETY: the sender is blocked until it sees `taken` after this copy (under the
                 // lock), and only reads its buffer; dtype and length agree.
                 unsafe { put(m.addr as *const T, buf.as_mut_ptr(), buf.len(), false) };
-                self.world.cv.notify_all();
+                w.mail_cv.notify_all();
                 return Ok(());
             }
-            if let Some(why) = st.gone[key.0].clone() {
-                return Err(Error::PeerGone { rank: key.1, call, peer: key.0, why });
+            if w.is_gone(key.0) {
+                return Err(Error::PeerGone { rank: key.1, call, peer: key.0, why: w.why_gone(key.0) });
             }
             let waited = start.elapsed();
-            if waited >= self.world.opts.timeout {
-                drop(st);
+            if waited >= w.opts.timeout {
+                drop(mail);
                 let e = Error::Timeout { rank: key.1, call, waited_s: waited.as_secs_f64(), missing: vec![key.0] };
-                self.world.leave(key.1, format!("failed: {e}"), Some(e.to_string()));
+                w.leave(key.1, format!("failed: {e}"), Some(e.to_string()));
                 return Err(e);
             }
-            let slice = (self.world.opts.timeout - waited).min(Duration::from_millis(200));
-            st = self.world.cv.wait_timeout(st, slice).unwrap_or_else(|e| e.into_inner()).0;
+            let slice = (w.opts.timeout - waited).min(Duration::from_millis(200));
+            mail = w.mail_cv.wait_timeout(mail, slice).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
@@ -506,26 +493,29 @@ impl Communicator for SimComm {
         let seq = self.seq.get();
         let fp = self.fingerprint("split", None, Vec::new());
         let c = color.unwrap_or(usize::MAX);
-        let slots = self.open(fp, 0, 0, vec![c, key])?;
+        self.note(Op::Split, None, None, (0, 0));
+        let (parity, _) = self.open(fp, 0, 0, vec![c, key])?;
+        let extra: Vec<(usize, usize)> =
+            (0..self.size()).map(|m| self.group.slot(parity, m, |s| (s.extra[0], s.extra[1]))).collect();
         let out = color.map(|c| {
             let mut mine: Vec<(usize, usize)> =
-                (0..self.size()).filter(|&m| slots[m].extra[0] == c).map(|m| (slots[m].extra[1], m)).collect();
+                (0..self.size()).filter(|&m| extra[m].0 == c).map(|m| (extra[m].1, m)).collect();
             mine.sort_unstable();
-            let members: Vec<usize> = mine.iter().map(|&(_, m)| self.members[m]).collect();
+            let members: Vec<usize> = mine.iter().map(|&(_, m)| self.group.members[m]).collect();
             let rank = mine.iter().position(|&(_, m)| m == self.rank).expect("this rank is in its group");
             let mut gkey = self.key.clone();
             gkey.extend([seq, c as u64]);
-            self.world.lock().groups.entry(gkey.clone()).or_insert_with(|| group(members.clone()));
             SimComm {
+                group: self.world.group(&gkey, || members),
                 world: self.world.clone(),
                 key: gkey,
-                members: members.into(),
                 rank,
                 seq: Cell::new(0),
                 axes: axes.to_vec(),
+                recorder: self.recorder.clone(),
             }
         });
-        self.close()?;
+        self.close("split")?;
         Ok(out)
     }
 }

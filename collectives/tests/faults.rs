@@ -1,0 +1,85 @@
+//! Faults injected on the simulated mesh, at every collective kind: the run reports the injected
+//! rank as a real run would (its failure or panic as the root cause, its peers released at once;
+//! a stall named by its peers' timeout), and never hangs.
+
+use std::time::{Duration, Instant};
+
+use nx_collectives::sim::{self, Fault, FaultKind, SimOptions};
+use nx_collectives::{Communicator, Error, ReduceOp, Result};
+
+/// Collective number 1 of each rank (after a barrier) is of kind `k`.
+fn body(c: &sim::SimComm, k: usize) -> Result<()> {
+    let n = c.size();
+    c.barrier()?;
+    let mut out = vec![0f32; 3 * n];
+    match k {
+        0 => c.barrier(),
+        1 => c.broadcast(&mut out, 0),
+        2 => c.all_reduce(&vec![1f32; 3 * n], &mut out, ReduceOp::Sum),
+        3 => c.reduce_scatter(&vec![1f32; 3 * n], &mut out[..3], ReduceOp::Sum),
+        4 => c.all_gather(&[1f32; 3], &mut out),
+        5 => c.all_to_all(&vec![1f32; 3 * n], &mut out),
+        _ => c.split(Some(0), c.rank()).map(|_| ()),
+    }?;
+    c.barrier()
+}
+
+const KINDS: [&str; 7] = ["barrier", "broadcast", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "split"];
+
+fn run(kind: FaultKind, k: usize, timeout: Duration) -> (Result<Vec<()>>, Duration) {
+    let opts = SimOptions { checked: true, timeout, faults: vec![Fault { rank: 1, at: 1, kind }] };
+    let start = Instant::now();
+    let out = sim::run(3, opts, |c| body(&c, k));
+    (out, start.elapsed())
+}
+
+#[test]
+fn a_failure_or_a_panic_is_the_root_cause_and_releases_the_peers_at_once() {
+    for (k, what) in KINDS.iter().enumerate() {
+        let (out, took) = run(FaultKind::Fail, k, Duration::from_secs(30));
+        match out {
+            Err(Error::RankFailed { rank: 1, why }) => {
+                assert!(why.starts_with("nx fault injection: rank 1 failed at its collective 1, "), "{what}: {why}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(took < Duration::from_secs(5), "{what}: peers released at once, not after the timeout: {took:?}");
+        let (out, took) = run(FaultKind::Panic, k, Duration::from_secs(30));
+        match out {
+            Err(Error::RankFailed { rank: 1, why }) => {
+                assert!(
+                    why.starts_with("panicked: nx fault injection: rank 1 panicked at its collective 1"),
+                    "{what}: {why}"
+                );
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(took < Duration::from_secs(5), "{what}: {took:?}");
+    }
+}
+
+#[test]
+fn a_stall_is_named_by_its_peers_after_their_timeout_and_ends() {
+    for (k, what) in KINDS.iter().enumerate() {
+        let timeout = Duration::from_millis(300);
+        let (out, took) = run(FaultKind::Stall, k, timeout);
+        match out {
+            Err(Error::RankFailed { rank, why }) => {
+                assert_ne!(rank, 1, "{what}: the stalled rank is named by a peer");
+                assert!(why.contains("for ranks [1], which did not arrive"), "{what}: {why}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(took >= timeout && took < timeout + Duration::from_secs(5), "{what}: {took:?}");
+    }
+}
+
+#[test]
+fn a_delay_only_delays() {
+    for (k, what) in KINDS.iter().enumerate() {
+        let d = Duration::from_millis(60);
+        let (out, took) = run(FaultKind::Delay(d), k, Duration::from_secs(30));
+        assert!(out.is_ok(), "{what}: {out:?}");
+        assert!(took >= d, "{what}: {took:?}");
+    }
+}
