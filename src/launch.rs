@@ -193,7 +193,7 @@ impl<'d> Ctx<'d> {
 
     /// Runs `f` and answers its result with the log of every collective, send, receive and
     /// split this rank issued meanwhile ([`nx_collectives::log`]): op, dtype, group, bytes, plan
-    /// step. Regions nest.
+    /// step. Regions nest; a region ends however `f` ends (its log is lost with an error).
     ///
     /// # Examples
     ///
@@ -214,10 +214,26 @@ impl<'d> Ctx<'d> {
     /// # Errors
     /// `f`'s.
     pub fn record<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, nx_collectives::log::Log)> {
+        use nx_collectives::log::Recorder;
+        /// Ends the region if `f` panics.
+        struct Region<'a> {
+            rec: &'a Recorder,
+            mark: usize,
+            rank: usize,
+            open: bool,
+        }
+        impl Drop for Region<'_> {
+            fn drop(&mut self) {
+                if self.open {
+                    self.rec.stop(self.mark, self.rank);
+                }
+            }
+        }
         let rec = self.inner.comm.recorder().cloned().unwrap_or_default();
-        let mark = rec.start();
+        let mut region = Region { rec: &rec, mark: rec.start(), rank: self.inner.comm.world_rank(), open: true };
         let out = f();
-        let log = rec.stop(mark, self.inner.comm.world_rank());
+        region.open = false;
+        let log = rec.stop(region.mark, region.rank);
         out.map(|r| (r, log))
     }
 

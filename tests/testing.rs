@@ -54,6 +54,17 @@ fn placed_tensors_hold_their_value() {
         for g in got {
             check_close(&g, &want, Tol::Exact).unwrap_or_else(|d| panic!("{c:?}: {d}"));
         }
+        // a partial value's terms all differ from the value: only their sum is it
+        if let nx::PlacementSpec::Partial { .. } = c.placement {
+            let terms = nx::Devices::with(nx::Device::sims(c.mesh.size()), |set| {
+                c.placement.over(&c.mesh.over(&set).unwrap()).unwrap().terms()
+            })
+            .unwrap();
+            if terms > 1 && !want.is_empty() {
+                let zero: Vec<f64> = (0..want.len() as u64).map(|i| c.term(0, i, terms)).collect();
+                assert!(zero.iter().zip(&want).any(|(a, b)| a != b), "{c:?}: term 0 is the value");
+            }
+        }
     }
 }
 

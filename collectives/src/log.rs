@@ -137,6 +137,59 @@ impl Log {
     }
 }
 
+impl Log {
+    /// Whether the calls this log shows for running `plan` on device `u` (of the plan's device
+    /// list) are the plan's steps it takes part in, one collective each: the same op (a send/recv
+    /// step is one all-to-all over the world), the same mesh axes, and the bytes the plan says
+    /// device `u` sends and receives in it.
+    ///
+    /// # Errors
+    /// The first difference, in words, with the log as a table.
+    pub fn check_plan(&self, plan: &nx_placement::Plan, u: usize) -> Result<(), String> {
+        use nx_placement::Op as P;
+        let steps: Vec<&nx_placement::Step> = plan
+            .steps
+            .iter()
+            .filter(|s| match s.op {
+                P::SendRecv => true,
+                P::LocalSlice | P::ZeroFill => false,
+                _ => s.groups.iter().any(|g| g.contains(&u)),
+            })
+            .collect();
+        let calls: Vec<&Event> = self.events.iter().filter(|e| e.op != Op::Split).collect();
+        if calls.len() != steps.len() {
+            return Err(format!(
+                "{} calls logged for {} steps of the plan on device {u}\n{self}",
+                calls.len(),
+                steps.len()
+            ));
+        }
+        for (k, (e, s)) in calls.iter().zip(steps).enumerate() {
+            let op = match s.op {
+                P::AllGather => Op::AllGather,
+                P::AllToAll | P::SendRecv => Op::AllToAll,
+                P::AllReduce => Op::AllReduce,
+                P::ReduceScatter => Op::ReduceScatter,
+                P::Broadcast => Op::Broadcast,
+                P::LocalSlice | P::ZeroFill => unreachable!("filtered above"),
+            };
+            let (sent, received) = (s.bytes_sent[u], s.bytes_received[u]);
+            if e.op != op || e.axes != s.mesh_axes || (e.bytes_sent, e.bytes_received) != (sent, received) {
+                return Err(format!(
+                    "call {k} on device {u}: logged {} over {:?} sending {} B and receiving {} B; planned {} over {:?} sending {sent} B and receiving {received} B\n{self}",
+                    e.op.name(),
+                    e.axes,
+                    e.bytes_sent,
+                    e.bytes_received,
+                    s.op.name(),
+                    s.mesh_axes
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Log {
     /// A table, one call a line: number, op, dtype, group, bytes sent and received, plan step.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -83,3 +83,67 @@ fn a_delay_only_delays() {
         assert!(took >= d, "{what}: {took:?}");
     }
 }
+
+#[test]
+fn calls_are_counted_over_every_communicator_sends_and_receives_included() {
+    // rank 2's calls: 0 the split, 1 a barrier of its pair {2, 3}, 2 a send, 3 the world's barrier
+    for (at, named) in [(1usize, "barrier() over mesh axes pair"), (2, "send(f32, [4])"), (3, "barrier() at faults.rs")]
+    {
+        let opts = SimOptions {
+            checked: true,
+            timeout: Duration::from_secs(30),
+            faults: vec![Fault { rank: 2, at, kind: FaultKind::Fail }],
+        };
+        let start = Instant::now();
+        let e = sim::run(4, opts, |c| -> Result<()> {
+            let pair = c.split_over(Some(c.rank() / 2), c.rank(), &["pair".to_string()])?.expect("a color");
+            pair.barrier()?;
+            match c.rank() {
+                2 => c.send(&[1f32; 4], 3)?,
+                3 => c.recv(&mut [0f32; 4], 2)?,
+                _ => {}
+            }
+            c.barrier()
+        })
+        .unwrap_err();
+        match e {
+            Error::RankFailed { rank: 2, why } => {
+                assert!(why.contains(&format!("at its collective {at}, {named}")), "{at}: {why}")
+            }
+            other => panic!("{at}: {other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "{at}: peers released at once");
+    }
+}
+
+#[test]
+fn a_delay_past_the_peers_timeout_ends_in_their_timeout_never_in_a_stale_meeting() {
+    // rank 1 arrives long after its peers gave up: they name it; it finds them gone at the
+    // all-reduce's first rendezvous (a late arrival never completes a rendezvous with ranks that
+    // left — nor then reads and writes their buffers, which may be freed)
+    let timeout = Duration::from_millis(200);
+    let opts = SimOptions {
+        checked: true,
+        timeout,
+        faults: vec![Fault { rank: 1, at: 1, kind: FaultKind::Delay(Duration::from_millis(700)) }],
+    };
+    let said = std::sync::Mutex::new(vec![String::new(); 3]);
+    let out = sim::run(3, opts, |c| -> Result<()> {
+        c.barrier()?;
+        let mut out = vec![0f32; 6];
+        // every rank notes what its all-reduce answered
+        let e = c.all_reduce(&[c.rank() as f32; 6], &mut out, ReduceOp::Sum);
+        said.lock().unwrap()[c.rank()] = e.as_ref().map_or_else(|e| e.to_string(), |_| "done".into());
+        e
+    });
+    assert!(matches!(out, Err(Error::RankFailed { rank: 0 | 2, .. })), "{out:?}");
+    let said = said.into_inner().unwrap();
+    for r in [0, 2] {
+        // rank 1, and the other peer where it gave up first
+        let named = said[r].contains("for ranks [1], which") || said[r].contains("for ranks [1, ");
+        assert!(named && said[r].contains("which did not arrive"), "rank {r}: {}", said[r]);
+    }
+    // at the first rendezvous, not at the end of a call it went on with
+    assert!(said[1].starts_with("nx collective: all_reduce_sum(f32, [6]) at faults.rs"), "rank 1: {}", said[1]);
+    assert!(said[1].contains(" on rank 1 cannot finish: rank "), "rank 1: {}", said[1]);
+}

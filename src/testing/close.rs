@@ -11,7 +11,8 @@ pub enum Tol {
     /// The same bits (floats: NaN payloads too; +0 and −0 differ).
     Exact,
     /// `|got − want| ≤ abs + rel·|want|` for every element (complex: the modulus of the
-    /// difference); NaN only where a NaN is wanted, ±∞ only where the same infinity is.
+    /// difference; integers: their exact difference); NaN only where a NaN is wanted (a complex
+    /// value with a NaN part counts as NaN), ±∞ only where the same infinity is.
     Close {
         /// Relative tolerance.
         rel: f64,
@@ -94,9 +95,17 @@ fn within(g: Value, w: Value, rel: f64, abs: f64) -> (bool, Option<(f64, f64)>) 
     };
     match (g, w) {
         (Value::Complex(a), Value::Complex(b)) => {
+            let (na, nb) = (a.re.is_nan() || a.im.is_nan(), b.re.is_nan() || b.im.is_nan());
+            if na || nb {
+                return (na && nb, None);
+            }
             let d = (a - b).norm();
-            let nan = (a.re.is_nan() || a.im.is_nan()) == (b.re.is_nan() || b.im.is_nan());
-            (nan && (a == b || d <= abs + rel * b.norm()), Some((d, d / b.norm())))
+            (a == b || d <= abs + rel * b.norm(), Some((d, if b.norm() == 0.0 { d } else { d / b.norm() })))
+        }
+        (Value::Int(a), Value::Int(b)) => {
+            // exactly: the difference of two integers of any dtype fits i128
+            let d = (a - b).unsigned_abs() as f64;
+            (a == b || d <= abs + rel * (b as f64).abs(), Some((d, if b == 0 { d } else { d / (b as f64).abs() })))
         }
         (a, b) => match (real(a), real(b)) {
             (Some(x), Some(y)) => {

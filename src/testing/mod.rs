@@ -10,14 +10,16 @@
 //! - **strategies** (feature `testing`) — `proptest` strategies of meshes, shapes, placements of
 //!   every kind and placed tensors with known values ([`strategies`]).
 //!
-//! The simulated mesh's small collectives take about 10 µs (4 ranks, 16 KiB all-reduce, on 2
+//! The simulated mesh's small collectives take about 11 µs (4 ranks, 16 KiB all-reduce, on 2
 //! CPUs), so a test of thousands of steps runs in seconds. `tests/guide.rs` is a worked example:
-//! a Megatron-style MLP block checked against one device, with its one all-reduce counted, under
-//! random placements and with a rank made to fail.
+//! a Megatron-style MLP block checked against one device, with its one all-reduce counted, on
+//! random meshes and batch sizes, and with a rank made to fail.
 
 mod close;
 #[cfg(feature = "testing")]
 pub mod strategies;
+#[cfg(feature = "testing")]
+pub use strategies::{mesh, meshes, placed_tensor, placements, shapes, PlacedCase};
 
 pub use close::{assert_close, check_close, Difference, Tol};
 pub use nx_collectives::log::{Event, Log, Op};

@@ -24,8 +24,18 @@ pub fn meshes(axes: RangeInclusive<usize>, extents: RangeInclusive<usize>) -> im
     })
 }
 
-/// Shapes of `rank` axes, each extent up to `max`: mostly uneven (n·k+1 over small k), sometimes
-/// 0 or 1.
+/// The mesh `extents` gives (axes named [`AXES`], major first), always: for tests of one mesh.
+///
+/// # Panics
+/// Where `extents` has more than three axes or a 0 (a strategy built wrongly).
+pub fn mesh(extents: &[usize]) -> impl Strategy<Value = MeshSpec> {
+    assert!(extents.len() <= AXES.len() && !extents.contains(&0), "1 to 3 axes of extents from 1");
+    let named: Vec<(&str, usize)> = extents.iter().enumerate().map(|(i, &e)| (AXES[i], e)).collect();
+    Just(MeshSpec::new(&named).expect("valid axes"))
+}
+
+/// Shapes of `rank` axes, each extent drawn from `0..=max`, with 0 and 1 weighted up (a quarter
+/// of the extents): small extents over meshes of up to three ways are mostly uneven.
 pub fn shapes(rank: RangeInclusive<usize>, max: usize) -> impl Strategy<Value = Vec<usize>> {
     let extent = prop_oneof![1 => Just(0usize), 1 => Just(1usize), 6 => 0..=max];
     prop::collection::vec(extent, rank)
@@ -120,9 +130,13 @@ pub struct PlacedCase {
     pub shape: Vec<usize>,
     /// The placement.
     pub placement: PlacementSpec,
-    /// The seed of the values ([`crate::uniform`]).
+    /// The seed of the values.
     pub seed: u64,
 }
+
+/// The grid the values lie on: every value, term and partial sum of them is a multiple of 2⁻²⁰
+/// below 2⁴ in magnitude, exact in `f32` and `f64`, so terms sum to the value in any order.
+const GRID: f64 = 1.0 / (1u64 << 20) as f64;
 
 impl PlacedCase {
     /// Launch options of one simulated rank per device of the mesh.
@@ -138,25 +152,47 @@ impl PlacedCase {
         Ok(self.mesh.over(ctx.devices()).map_err(nx_placement::Error::from)?)
     }
 
-    /// The tensor on `mesh`: the value [`PlacedCase::value`] laid out at the placement (a partial
-    /// one as term 0 holding it and the other terms zeros).
-    ///
-    /// # Errors
-    /// As [`Tensor::rand`] and [`Tensor::place`].
-    pub fn tensor<'d, T: Reducible>(&self, ctx: &Ctx<'d>, mesh: &Mesh<'d>) -> Result<Tensor<'d, T>> {
-        let p = self.placement.over(mesh)?;
-        let t = Tensor::<T>::rand(ctx, &self.shape, &p.closed(), self.seed)?;
-        if p.is_partial() {
-            t.place(&p)
+    /// The global value in C order: element i is `uniform(seed, i)` rounded down to a multiple of
+    /// 2⁻²⁰ (exact in `f32`).
+    pub fn value(&self) -> Vec<f64> {
+        let n: usize = self.shape.iter().product();
+        (0..n as u64).map(|i| self.element(i)).collect()
+    }
+
+    fn element(&self, i: u64) -> f64 {
+        (crate::uniform(self.seed, i) / GRID).floor() * GRID
+    }
+
+    /// Term `t` of element `i` of a partial value: terms 1, 2, … are multiples of 2⁻²⁰ from
+    /// 2⁻²⁰ to 8·2⁻²⁰, and term 0 is the element less the others, so the terms sum to the element
+    /// exactly, in any order, and no term alone is it (where there are two terms or more).
+    pub fn term(&self, t: usize, i: u64, terms: usize) -> f64 {
+        let share = |t: usize| {
+            ((crate::uniform(self.seed ^ (t as u64).wrapping_mul(0x9e37_79b9), i) * 8.0).floor() + 1.0) * GRID
+        };
+        if t > 0 {
+            share(t)
         } else {
-            Ok(t)
+            (1..terms).fold(self.element(i), |acc, t| acc - share(t))
         }
     }
 
-    /// The global value in C order: element i is `uniform(seed, i)`.
-    pub fn value(&self) -> Vec<f64> {
-        let n: usize = self.shape.iter().product();
-        (0..n as u64).map(|i| crate::uniform(self.seed, i)).collect()
+    /// The tensor on `mesh`: the value [`PlacedCase::value`] at the placement; a partial one as
+    /// [`PlacedCase::term`]'s terms. For float dtypes (others truncate the values).
+    ///
+    /// # Errors
+    /// As [`Tensor::from_fn`].
+    pub fn tensor<'d, T: Reducible>(&self, ctx: &Ctx<'d>, mesh: &Mesh<'d>) -> Result<Tensor<'d, T>> {
+        let p = self.placement.over(mesh)?;
+        let strides: Vec<u64> =
+            (0..self.shape.len()).map(|d| self.shape[d + 1..].iter().product::<usize>() as u64).collect();
+        let flat = move |idx: &[usize]| idx.iter().zip(&strides).map(|(&x, &s)| x as u64 * s).sum::<u64>();
+        let (term, terms) = (p.term(ctx.index())?, p.terms());
+        let value = |x: f64| T::from_value(nx_kernels::Value::Float(x));
+        Tensor::from_fn(ctx, &self.shape, &p, |idx| match term {
+            Some(t) => value(self.term(t, flat(idx), terms)),
+            None => value(self.element(flat(idx))),
+        })
     }
 }
 

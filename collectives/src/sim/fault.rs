@@ -1,8 +1,9 @@
 //! Faults injected into a simulated world, passed in its options (never global): rank `rank`
-//! fails, panics, stalls or is delayed at its `at`-th collective (counted from 0 over every
-//! communicator of the world, splits included, sends and receives not). Its peers see what a real
-//! run shows: the rank named, and released at once (a failure or panic) or after their timeout (a
-//! stall).
+//! fails, panics, stalls or is delayed at its `at`-th call — counted from 0 over every
+//! communicator of the world, as the rank's collective log would list its calls from the start
+//! of the run: collectives, splits (`place` splits once for each step that meets in groups),
+//! sends and receives. Its peers see what a real run shows: the rank named, and released at once
+//! (a failure or panic) or after their timeout (a stall).
 
 use std::time::Duration;
 
@@ -13,8 +14,9 @@ pub enum FaultKind {
     Fail,
     /// The rank panics in the collective.
     Panic,
-    /// The rank stops before the collective: it never arrives, its peers time out naming it, and
-    /// it returns [`crate::Error::Injected`] once they have given up (after the timeout).
+    /// The rank stops before the call: it never arrives, its peers time out naming it, and it
+    /// returns [`crate::Error::Injected`] once every peer has left (or after three timeouts and a
+    /// second, whichever comes first).
     Stall,
     /// The rank sleeps this long, then calls the collective.
     Delay(Duration),
@@ -40,7 +42,7 @@ pub enum FaultKind {
 pub struct Fault {
     /// The world rank.
     pub rank: usize,
-    /// Which of its collectives, from 0.
+    /// Which of its calls, from 0.
     pub at: usize,
     /// What happens.
     pub kind: FaultKind,

@@ -178,12 +178,11 @@ impl SimComm {
         recv: usize,
         extra: Vec<usize>,
     ) -> Result<(usize, Vec<(usize, usize)>)> {
-        let call = || fp.to_string();
-        self.world.fault(self.world_rank(), &call)?;
-        let text = fp.to_string();
-        let parity =
-            self.group
-                .meet(&self.world, self.rank, Some(Slot { fp: Some(fp), send, recv, extra }), &|| text.clone())?;
+        self.world.fault(self.world_rank(), &|| fp.to_string())?;
+        // the call in words only where an error needs them
+        let site = fp.clone();
+        let slot = Slot { fp: Some(fp), send, recv, extra };
+        let parity = self.group.meet(&self.world, self.rank, Some(slot), &|| site.to_string())?;
         let n = self.size();
         // every member compares every fingerprint with member 0's: the same verdict on every rank
         let mismatch = self.group.slot(parity, 0, |first| {
@@ -404,6 +403,7 @@ impl Communicator for SimComm {
             bytes_received: 0,
             step: None,
         });
+        self.world.fault(self.world_rank(), &|| fp.to_string())?;
         let call = fp.to_string();
         let start = Instant::now();
         let w = &*self.world;
@@ -453,6 +453,7 @@ impl Communicator for SimComm {
             bytes_received: bytes,
             step: None,
         });
+        self.world.fault(self.world_rank(), &|| fp.to_string())?;
         let call = fp.to_string();
         let start = Instant::now();
         let w = &*self.world;

@@ -43,11 +43,11 @@ pub(super) struct Slot {
 pub(super) struct Group {
     /// The members' world ranks, in group order.
     pub(super) members: Vec<usize>,
-    /// Rendezvous passed.
-    gen: AtomicU64,
-    /// Members arrived at the current one.
-    count: AtomicUsize,
-    /// Per member: the rendezvous it last arrived at, plus one.
+    /// The rendezvous passed (high 32 bits, wrapping) and the members arrived at the current one
+    /// (low 32 bits), in one word: arriving, completing and withdrawing an arrival are each one
+    /// compare-and-swap, so a rank that gives up is never counted as arrived.
+    state: AtomicU64,
+    /// Per member: the rendezvous it is arrived at, plus one (0: none).
     arrived: Vec<AtomicU64>,
     /// The slots, by the rendezvous's parity, then member.
     slots: [Vec<Mutex<Slot>>; 2],
@@ -67,8 +67,7 @@ impl Group {
         let slots = || (0..n).map(|_| Mutex::new(Slot::default())).collect();
         Group {
             members,
-            gen: AtomicU64::new(0),
-            count: AtomicUsize::new(0),
+            state: AtomicU64::new(0),
             arrived: (0..n).map(|_| AtomicU64::new(0)).collect(),
             slots: [slots(), slots()],
             sleepers: AtomicUsize::new(0),
@@ -90,12 +89,20 @@ impl Group {
         }
     }
 
+    /// The rendezvous number in `state`.
+    fn gen_of(state: u64) -> u64 {
+        state >> 32
+    }
+
     /// Member `me` arrives (posting `slot`, where given) and waits for every member; answers the
     /// parity of this rendezvous's slots. `call` names the call for errors.
     ///
     /// # Errors
     /// [`Error::PeerGone`] naming a member that left before arriving; [`Error::Timeout`] naming
-    /// those that did not arrive within the timeout (this rank then leaves the run).
+    /// those that did not arrive within the timeout (this rank then leaves the run). Either way
+    /// this rank's arrival is withdrawn first, so no later arrival completes the rendezvous with
+    /// it (and reads its buffers) — unless the rendezvous completed meanwhile, which is then a
+    /// success.
     pub(super) fn meet(
         &self,
         world: &World,
@@ -103,22 +110,59 @@ impl Group {
         slot: Option<Slot>,
         call: &dyn Fn() -> String,
     ) -> Result<usize> {
-        let g = self.gen.load(Ordering::Acquire);
+        let n = self.members.len() as u64;
+        let s0 = self.state.load(Ordering::Acquire);
+        let g = Self::gen_of(s0);
         let parity = (g % 2) as usize;
         if let Some(s) = slot {
             *lock(&self.slots[parity][me]) = s;
         }
         self.arrived[me].store(g + 1, Ordering::Release);
-        if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.members.len() {
-            self.count.store(0, Ordering::Relaxed);
-            self.gen.store(g + 1, Ordering::SeqCst);
-            self.wake();
-            return Ok(parity);
+        // count in; the last arrival opens the next rendezvous
+        let mut cur = s0;
+        loop {
+            let count = cur & 0xffff_ffff;
+            let next = if count + 1 == n { (g + 1) << 32 } else { cur + 1 };
+            match self.state.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::Acquire) {
+                Ok(_) if count + 1 == n => {
+                    self.wake();
+                    return Ok(parity);
+                }
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
         }
+        // (sequentially consistent: a sleeper's check and the last arrival's look at `sleepers`
+        // must see one another)
+        let passed = || Self::gen_of(self.state.load(Ordering::SeqCst)) != g;
+        // withdraws this arrival; `false` where the rendezvous completed meanwhile
+        let withdraw = || -> bool {
+            let mut cur = self.state.load(Ordering::Acquire);
+            loop {
+                if Self::gen_of(cur) != g {
+                    return false;
+                }
+                match self.state.compare_exchange_weak(cur, cur - 1, Ordering::SeqCst, Ordering::Acquire) {
+                    Ok(_) => {
+                        self.arrived[me].store(0, Ordering::Release);
+                        return true;
+                    }
+                    Err(now) => cur = now,
+                }
+            }
+        };
+        // the members that have not arrived, and the first of them that has left the run
+        let missing = || -> Vec<usize> {
+            (0..self.members.len())
+                .filter(|&m| self.arrived[m].load(Ordering::Acquire) != g + 1)
+                .map(|m| self.members[m])
+                .collect()
+        };
+        let gone = || missing().into_iter().find(|&w| world.is_gone(w));
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
-            if self.gen.load(Ordering::Acquire) != g {
+            if passed() {
                 return Ok(parity);
             }
             spins = spins.wrapping_add(1);
@@ -127,26 +171,24 @@ impl Group {
                 continue;
             }
             let waited = start.elapsed();
-            let missing = || -> Vec<usize> {
-                (0..self.members.len())
-                    .filter(|&m| self.arrived[m].load(Ordering::Acquire) <= g)
-                    .map(|m| self.members[m])
-                    .collect()
-            };
             if spins % 16 == 0 || waited >= YIELD_FOR {
-                if let Some(&peer) = missing().iter().find(|&&w| world.is_gone(w)) {
-                    if self.gen.load(Ordering::Acquire) != g {
+                if let Some(peer) = gone() {
+                    if !withdraw() {
                         return Ok(parity);
                     }
                     let why = world.why_gone(peer);
                     return Err(Error::PeerGone { rank: self.members[me], call: call(), peer, why });
                 }
                 if waited >= world.opts.timeout {
+                    let missing = missing();
+                    if !withdraw() {
+                        return Ok(parity);
+                    }
                     let e = Error::Timeout {
                         rank: self.members[me],
                         call: call(),
                         waited_s: waited.as_secs_f64(),
-                        missing: missing(),
+                        missing,
                     };
                     world.leave(self.members[me], format!("failed: {e}"), Some(e.to_string()));
                     return Err(e);
@@ -156,14 +198,14 @@ impl Group {
                 std::thread::yield_now();
                 continue;
             }
+            // sleep until the last arrival or a departure (both signal under the park lock)
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             let guard = lock(&self.park);
-            if self.gen.load(Ordering::SeqCst) == g && !world.any_gone.load(Ordering::SeqCst) {
+            if !passed() && gone().is_none() {
                 let nap = NAP.min(world.opts.timeout.saturating_sub(waited)).max(Duration::from_millis(1));
                 drop(self.cv.wait_timeout(guard, nap).unwrap_or_else(|e| e.into_inner()));
             } else {
                 drop(guard);
-                std::thread::yield_now();
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
@@ -187,8 +229,6 @@ pub(super) struct World {
     /// Spins of a wait before it yields (1 where ranks outnumber CPUs).
     spins: u32,
     gone: Vec<AtomicBool>,
-    /// Whether any rank has left (sleepers then keep checking who).
-    any_gone: AtomicBool,
     why: Mutex<Vec<Option<String>>>,
     first_failure: Mutex<Option<(usize, String)>>,
     /// Every group, by its key (parent's key, split number, color).
@@ -208,7 +248,6 @@ impl World {
             opts,
             spins: if n > cpus { 1 } else { SPINS },
             gone: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            any_gone: AtomicBool::new(false),
             why: Mutex::new(vec![None; n]),
             first_failure: Mutex::new(None),
             groups: Mutex::new(groups),
@@ -247,7 +286,6 @@ impl World {
         }
         lock(&self.why)[rank] = Some(why);
         self.gone[rank].store(true, Ordering::SeqCst);
-        self.any_gone.store(true, Ordering::SeqCst);
         for g in lock(&self.groups).values() {
             let _p = lock(&g.park);
             g.cv.notify_all();
@@ -271,11 +309,11 @@ impl World {
                 Ok(())
             }
             FaultKind::Stall => {
-                // never arrive: wait until every peer has given up (their timeout), or the timeout
-                // and a second more, then fail
+                // never arrive: wait until every peer has left (each gives up a timeout after it
+                // began to wait), bounded by three timeouts and a second, then fail
                 let start = Instant::now();
                 let others = |w: &World| (0..w.gone.len()).filter(|&r| r != rank).all(|r| w.is_gone(r));
-                while !others(self) && start.elapsed() < self.opts.timeout + Duration::from_secs(1) {
+                while !others(self) && start.elapsed() < 3 * self.opts.timeout + Duration::from_secs(1) {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Err(Error::Injected { rank, at, call: call(), what: "stalled" })
