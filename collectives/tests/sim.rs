@@ -298,3 +298,46 @@ fn place_between_two_device_sets_moves_only_the_overlaps() {
     assert_eq!(got[4], Some(vec![6.0, 7.0]));
     assert_eq!(got[5], Some(vec![8.0, 9.0]));
 }
+
+#[test]
+fn the_property_tests_cases_reach_every_kind_of_step() {
+    // the cases of `place_keeps_the_value_and_issues_the_plans_collectives`, drawn the same way:
+    // their plans take every kind of step
+    use proptest::strategy::ValueTree;
+    let s = (
+        prop::collection::vec(1usize..=3, 1..=3),
+        prop::collection::vec(prop_oneof![Just(0usize), Just(1), 2usize..=7], 0..=3),
+        prop::collection::vec(any::<u8>(), 6),
+        prop::collection::vec(any::<u8>(), 6),
+    );
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..3000 {
+        let (ext, shape, a, b) = s.new_tree(&mut runner).unwrap().current();
+        let names = ["dp", "tp", "pp"];
+        let axes: Vec<(&str, usize)> = ext.iter().enumerate().map(|(i, &e)| (names[i], e)).collect();
+        let mesh = MeshSpec::new(&axes).unwrap();
+        let (from, to) = (spec_from(&a, &mesh, shape.len()), spec_from(&b, &mesh, shape.len()));
+        Devices::with(Device::sims(mesh.size()), |set| {
+            let m = mesh.over(&set).unwrap();
+            let pl = plan(&from.over(&m).unwrap(), &to.over(&m).unwrap(), &shape, 4).unwrap();
+            seen.extend(pl.steps.iter().map(|s| s.op.name()));
+        })
+        .unwrap();
+    }
+    let mut seen: Vec<&str> = seen.into_iter().collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        [
+            "all_gather",
+            "all_reduce",
+            "all_to_all",
+            "broadcast",
+            "local_slice",
+            "reduce_scatter",
+            "send_recv",
+            "zero_fill"
+        ]
+    );
+}
