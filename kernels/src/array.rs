@@ -8,6 +8,7 @@ use nx_mesh::Device;
 use crate::buffer::Buffer;
 use crate::door::{door, refused, Operand};
 use crate::layout::{Layout, Move};
+use crate::rig::Rig;
 use crate::{Dtype, Element, Error, Result};
 
 /// An array of `T` elements over a buffer: its layout reaches only bytes of the buffer, at
@@ -95,6 +96,16 @@ impl AnyArray {
 }
 
 impl AnyArray {
+    /// An owned view of operand `o`: its dtype, layout and buffer (shared).
+    pub(crate) fn of(o: &dyn Operand) -> AnyArray {
+        AnyArray { dtype: o.dtype(), layout: o.layout().clone(), buffer: o.buffer().clone() }
+    }
+
+    /// The buffer.
+    pub fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+
     /// The dtype.
     pub fn dtype(&self) -> Dtype {
         self.dtype
@@ -128,8 +139,35 @@ impl AnyArray {
     }
 }
 
-fn raise<T>(func: &str, r: std::result::Result<T, crate::Answer>, ops: &[&dyn Operand]) -> Result<T> {
-    r.map_err(|a| refused(func, a, ops))
+/// Why a host access did not run: the door's refusal, or a lost device it must wait for.
+enum Refusal {
+    Door(crate::Answer),
+    Lost(Error),
+}
+
+/// The door of a host access: claims `written` and `read`, waits for the work pending on every
+/// one's memory (a device's queued kernels), then runs `f`.
+fn host_door<R>(
+    written: &[&dyn Operand],
+    read: &[&dyn Operand],
+    f: impl FnOnce() -> R,
+) -> std::result::Result<R, Refusal> {
+    let r = door(written, read, || -> Result<R> {
+        for o in written.iter().chain(read) {
+            o.buffer().wait()?;
+        }
+        Ok(f())
+    });
+    r.map_err(Refusal::Door)?.map_err(Refusal::Lost)
+}
+
+fn raise<T>(func: &'static str, r: std::result::Result<T, Refusal>, ops: &[&dyn Operand]) -> Result<T> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(Refusal::Door(a)) => Err(refused(func, a, ops)),
+        Err(Refusal::Lost(Error::Lost { device, why, .. })) => Err(Error::Lost { func, device, why }),
+        Err(Refusal::Lost(e)) => Err(e),
+    }
 }
 
 impl<T: Element> Array<T> {
@@ -169,17 +207,46 @@ impl<T: Element> Array<T> {
         Ok(Array { layout, buffer, elem: PhantomData })
     }
 
-    /// A fresh C-contiguous array of `shape` on `device`, every element zero (`false`, `0`, `+0.0`).
+    /// The C-contiguous layout of `shape` and its bytes of `T`.
+    fn sized(func: &'static str, shape: &[usize]) -> Result<(Layout, usize)> {
+        let layout = Layout::contiguous(shape)?;
+        let bytes = layout.numel().checked_mul(T::DTYPE.size()).ok_or_else(|| Error::Invalid {
+            func,
+            why: format!("shape {shape:?} of {} overflows the address space", T::DTYPE),
+        })?;
+        Ok((layout, bytes))
+    }
+
+    /// A fresh C-contiguous array of `shape` on `device`, every element zero (`false`, `0`, `+0.0`),
+    /// in memory fresh from the system (see [`Array::zeros_on`] for a device's pool).
     ///
     /// # Errors
     /// As [`Buffer::new`] and [`Layout::contiguous`].
     pub fn zeros(device: Device, shape: &[usize]) -> Result<Array<T>> {
-        let layout = Layout::contiguous(shape)?;
-        let bytes = layout.numel().checked_mul(T::DTYPE.size()).ok_or_else(|| Error::Invalid {
-            func: "nx_kernels::Array::zeros",
-            why: format!("shape {shape:?} of {} overflows the address space", T::DTYPE),
-        })?;
+        let (layout, bytes) = Array::<T>::sized("nx_kernels::Array::zeros", shape)?;
         Array::new(layout, Buffer::new(device, bytes)?)
+    }
+
+    /// A fresh C-contiguous array of `shape` on `rig`, every element zero, from its pool (the
+    /// zeroing queued on its timeline where the block's work is still pending).
+    ///
+    /// # Errors
+    /// As [`Rig::alloc`] and [`Layout::contiguous`].
+    pub fn zeros_on(rig: &Rig, shape: &[usize]) -> Result<Array<T>> {
+        let (layout, bytes) = Array::<T>::sized("nx_kernels::Array::zeros_on", shape)?;
+        Array::new(layout, rig.alloc(bytes)?)
+    }
+
+    /// A fresh C-contiguous array of `shape` on `rig` from its pool, for a kernel to write whole:
+    /// its elements are unspecified (a reused block's, or zeros; `bool` arrays are zeroed, as no
+    /// other bytes are booleans).
+    ///
+    /// # Errors
+    /// As [`Array::zeros_on`].
+    pub fn uninit_on(rig: &Rig, shape: &[usize]) -> Result<Array<T>> {
+        let (layout, bytes) = Array::<T>::sized("nx_kernels::Array::uninit_on", shape)?;
+        let buffer = if T::DTYPE == Dtype::Bool { rig.alloc(bytes)? } else { rig.alloc_uninit(bytes)? };
+        Array::new(layout, buffer)
     }
 
     /// A fresh C-contiguous array of `shape` on `device` holding `data` in C order.
@@ -187,18 +254,34 @@ impl<T: Element> Array<T> {
     /// # Errors
     /// [`Error::LengthMismatch`] unless `data` has one element per index; as [`Array::zeros`].
     pub fn from_vec(device: Device, shape: &[usize], data: Vec<T>) -> Result<Array<T>> {
+        Array::<T>::check_len("nx_kernels::Array::from_vec", shape, data.len())?;
+        let a = Array::zeros(device, shape)?;
+        a.fill_contiguous(data.into_iter())?;
+        Ok(a)
+    }
+
+    /// [`Array::from_vec`] on `rig`, from its pool.
+    ///
+    /// # Errors
+    /// As [`Array::from_vec`] and [`Array::zeros_on`].
+    pub fn from_vec_on(rig: &Rig, shape: &[usize], data: Vec<T>) -> Result<Array<T>> {
+        Array::<T>::check_len("nx_kernels::Array::from_vec_on", shape, data.len())?;
+        let a = Array::uninit_on(rig, shape)?;
+        a.fill_contiguous(data.into_iter())?;
+        Ok(a)
+    }
+
+    fn check_len(func: &'static str, shape: &[usize], len: usize) -> Result<()> {
         let n = crate::layout::numel(shape)?;
-        if data.len() != n {
+        if len != n {
             return Err(Error::LengthMismatch {
-                func: "nx_kernels::Array::from_vec",
+                func,
                 what: format!("the elements for shape {shape:?} and the data given"),
                 left: n,
-                right: data.len(),
+                right: len,
             });
         }
-        let a = Array::zeros(device, shape)?;
-        a.fill_contiguous(data.into_iter());
-        Ok(a)
+        Ok(())
     }
 
     /// A fresh C-contiguous array of `shape` on `device` whose element at each index `i` is
@@ -206,10 +289,26 @@ impl<T: Element> Array<T> {
     ///
     /// # Errors
     /// As [`Array::zeros`].
-    pub fn from_fn(device: Device, shape: &[usize], mut f: impl FnMut(&[usize]) -> T) -> Result<Array<T>> {
+    pub fn from_fn(device: Device, shape: &[usize], f: impl FnMut(&[usize]) -> T) -> Result<Array<T>> {
         let a = Array::zeros(device, shape)?;
+        a.fill_with(shape, f)?;
+        Ok(a)
+    }
+
+    /// [`Array::from_fn`] on `rig`, from its pool.
+    ///
+    /// # Errors
+    /// As [`Array::from_fn`] and [`Array::zeros_on`].
+    pub fn from_fn_on(rig: &Rig, shape: &[usize], f: impl FnMut(&[usize]) -> T) -> Result<Array<T>> {
+        let a = Array::uninit_on(rig, shape)?;
+        a.fill_with(shape, f)?;
+        Ok(a)
+    }
+
+    /// Fills a fresh array with `f` of each index, in C order.
+    fn fill_with(&self, shape: &[usize], mut f: impl FnMut(&[usize]) -> T) -> Result<()> {
         let mut index = vec![0usize; shape.len()];
-        let n = a.layout.numel();
+        let n = self.layout.numel();
         let values = (0..n).map(|k| {
             if k > 0 {
                 for d in (0..index.len()).rev() {
@@ -222,18 +321,21 @@ impl<T: Element> Array<T> {
             }
             f(&index)
         });
-        a.fill_contiguous(values.collect::<Vec<_>>().into_iter());
-        Ok(a)
+        self.fill_contiguous(values.collect::<Vec<_>>().into_iter())
     }
 
-    /// Writes a fresh, unshared array's elements; no claim is needed as no one else holds it.
-    fn fill_contiguous(&self, values: impl Iterator<Item = T>) {
+    /// Writes a fresh, unshared array's elements; no claim is needed as no one else holds it, but
+    /// the work a reused block may still have pending is waited for first.
+    fn fill_contiguous(&self, values: impl Iterator<Item = T>) -> Result<()> {
+        self.buffer.wait()?;
         let base = self.buffer.host_ptr().expect("fresh host memory");
         for (k, v) in values.enumerate() {
             // SAFETY: the array is fresh and C-contiguous from offset 0, so element k lies at byte
-            // k·size, inside the buffer (checked by `new`) and aligned (64-byte base, k·size).
+            // k·size, inside the buffer (checked by `new`) and aligned (64-byte base, k·size); no
+            // work is pending on it (waited for above).
             unsafe { T::store(base.as_ptr().add(k * T::DTYPE.size()), v) }
         }
+        Ok(())
     }
 
     /// The element dtype.
@@ -306,8 +408,10 @@ impl<T: Element> Array<T> {
         out.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
             func: "nx_kernels::Array::to_vec",
             bytes: n.saturating_mul(size_of::<T>()),
+            device: None,
+            why: "the system refused (a view of more elements than its buffer holds)".into(),
         })?;
-        let r = door(&[], &[self], || {
+        let r = host_door(&[], &[self], || {
             let base = self.base();
             // SAFETY: the door holds a shared claim; positions come from the checked layout.
             out.extend(self.layout.positions().map(|p| unsafe { self.read_at(base, p) }));
@@ -325,7 +429,7 @@ impl<T: Element> Array<T> {
     pub fn with_slice<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         const FUNC: &str = "nx_kernels::Array::with_slice";
         self.contiguous(FUNC)?;
-        let r = door(&[], &[self], || {
+        let r = host_door(&[], &[self], || {
             if self.layout.numel() == 0 {
                 // no element: no address to form (an empty layout's offset may lie anywhere, and
                 // memory off the host has none)
@@ -350,7 +454,7 @@ impl<T: Element> Array<T> {
     pub fn with_slice_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         const FUNC: &str = "nx_kernels::Array::with_slice_mut";
         self.contiguous(FUNC)?;
-        let r = door(&[self], &[], || {
+        let r = host_door(&[self], &[], || {
             if self.layout.numel() == 0 {
                 return f(&mut []);
             }
@@ -380,7 +484,7 @@ impl<T: Element> Array<T> {
     /// [`Error::Invalid`] for an index that is not one of the shape; as [`Array::to_vec`].
     pub fn get(&self, index: &[usize]) -> Result<T> {
         let pos = self.layout.position(index)?;
-        let r = door(&[], &[self], || {
+        let r = host_door(&[], &[self], || {
             // SAFETY: shared claim held; `pos` is a position of the layout.
             unsafe { self.read_at(self.base(), pos) }
         });
@@ -394,7 +498,7 @@ impl<T: Element> Array<T> {
     /// dead, held, read-only or off-host buffer, or an array reaching an element twice.
     pub fn set(&self, index: &[usize], v: T) -> Result<()> {
         let pos = self.layout.position(index)?;
-        let r = door(&[self], &[], || {
+        let r = host_door(&[self], &[], || {
             // SAFETY: exclusive claim held; `pos` is a position of the layout.
             unsafe { self.write_at(self.base(), pos, v) }
         });
@@ -409,7 +513,7 @@ impl<T: Element> Array<T> {
     /// `dst` reaching an element twice, sharing a byte with `src` without being identical to it,
     /// read-only, dead, held or off-host buffers.
     pub fn transfer(src: &Array<T>, dst: &Array<T>) -> Result<()> {
-        let r = door(&[dst], &[src], || {
+        let r = host_door(&[dst], &[src], || {
             if src.shape() != dst.shape() {
                 return Err(crate::Answer::ShapeMismatch);
             }
@@ -433,7 +537,7 @@ impl<T: Element> Array<T> {
             }
             Ok(())
         });
-        raise("nx_kernels::Array::transfer", r.and_then(|x| x), &[src, dst])
+        raise("nx_kernels::Array::transfer", r.and_then(|x| x.map_err(Refusal::Door)), &[src, dst])
     }
 
     /// A fresh C-contiguous array on this array's device holding its elements.

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nx_mesh::Device;
 
+use crate::rig::{Event, Pool, Rig, Work};
 use crate::{Error, Result};
 
 /// The alignment of host memory, in bytes.
@@ -81,32 +82,107 @@ impl fmt::Display for Death {
     }
 }
 
-/// Host memory: freed when the last buffer over it goes.
-struct Memory {
+/// Host memory from the system: 64-byte aligned, zeroed when fresh.
+pub(crate) struct Raw {
     ptr: NonNull<u8>,
     layout: AllocLayout,
-    len: usize,
     /// Mapped by `mmap` (freed by `munmap`), not by the allocator.
     mapped: bool,
 }
 
+// SAFETY: `Raw` owns its allocation; the bytes are touched only through the buffers built on it,
+// under their claims, or by the pool that caches it, under its lock.
+unsafe impl Send for Raw {}
+
+impl Raw {
+    /// Its size in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+/// `bytes` (at least 1) fresh zeroed bytes from the system: from [`HUGE_MIN`] an anonymous
+/// mapping asked for huge pages, else the allocator; `None` where the system refuses.
+pub(crate) fn alloc_raw(bytes: usize) -> Option<Raw> {
+    let layout = AllocLayout::from_size_align(bytes.max(1), HOST_ALIGN).ok()?;
+    #[cfg(target_os = "linux")]
+    if bytes >= HUGE_MIN {
+        // SAFETY: an anonymous private mapping of a non-zero length; the hint only advises.
+        let p = unsafe {
+            os::mmap(std::ptr::null_mut(), layout.size(), os::PROT_READ_WRITE, os::MAP_PRIVATE_ANONYMOUS, -1, 0)
+        };
+        // MAP_FAILED is -1; mappings are page-aligned, which HOST_ALIGN divides
+        if p as isize != -1 && !p.is_null() {
+            // SAFETY: the range was just mapped; a refused hint leaves ordinary pages.
+            unsafe { os::madvise(p, layout.size(), os::MADV_HUGEPAGE) };
+            return Some(Raw { ptr: NonNull::new(p.cast::<u8>()).expect("not null"), layout, mapped: true });
+        }
+    }
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+    Some(Raw { ptr, layout, mapped: false })
+}
+
+/// Gives `raw` back to the system.
+pub(crate) fn free_raw(raw: Raw) {
+    #[cfg(target_os = "linux")]
+    if raw.mapped {
+        // SAFETY: `ptr` was mapped with this length by `mmap` and is unmapped once, here.
+        unsafe { os::munmap(raw.ptr.as_ptr().cast(), raw.layout.size()) };
+        return;
+    }
+    // SAFETY: `ptr` was allocated with `layout` by `alloc_zeroed` and is freed once, here.
+    unsafe { alloc::dealloc(raw.ptr.as_ptr(), raw.layout) }
+}
+
+/// The work a memory's accesses must follow: the last work that writes it, and the work that
+/// reads it since.
+#[derive(Debug, Default)]
+struct Pending {
+    write: Option<Event>,
+    reads: Vec<Event>,
+}
+
+/// Host memory: back to its pool (or the system) when the last buffer over it goes.
+struct Memory {
+    raw: Option<Raw>,
+    len: usize,
+    /// The pool it came from, which takes it back with the work still pending on it.
+    pool: Option<Arc<Pool>>,
+    pending: Mutex<Pending>,
+}
+
 // SAFETY: `Memory` owns its allocation and never hands out references; every read or write of its
 // bytes goes through a claim taken by the door on the buffer that holds it, which excludes
-// conflicting access from other threads.
+// conflicting access from other threads, or through work submitted under such claims.
 unsafe impl Send for Memory {}
 // SAFETY: as for `Send`: shared access to the pointer is mediated by claims.
 unsafe impl Sync for Memory {}
 
+impl Memory {
+    fn ptr(&self) -> NonNull<u8> {
+        self.raw.as_ref().expect("live memory").ptr
+    }
+}
+
 impl Drop for Memory {
     fn drop(&mut self) {
-        #[cfg(target_os = "linux")]
-        if self.mapped {
-            // SAFETY: `ptr` was mapped with this length by `mmap` and is unmapped once, here.
-            unsafe { os::munmap(self.ptr.as_ptr().cast(), self.layout.size()) };
-            return;
+        let Some(raw) = self.raw.take() else { return };
+        let p = self.pending.get_mut().unwrap_or_else(|e| e.into_inner());
+        match &self.pool {
+            Some(pool) => {
+                let ready: Vec<Event> =
+                    p.write.take().into_iter().chain(p.reads.drain(..)).filter(|e| !e.is_ended()).collect();
+                pool.give(raw, ready);
+            }
+            None => {
+                // memory from the system goes back to it once no work can touch it
+                for e in p.write.iter().chain(&p.reads) {
+                    let _ = e.wait();
+                }
+                free_raw(raw);
+            }
         }
-        // SAFETY: `ptr` was allocated with `layout` by `alloc_zeroed` and is freed once, here.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
 
@@ -122,6 +198,8 @@ struct Inner {
     bytes: usize,
     access: Access,
     memory: Option<Arc<Memory>>,
+    /// The rig whose timeline runs work on the memory (`None`: the host's, at once).
+    rig: Option<Rig>,
     /// The memory's claims (locked before `death` wherever both are).
     held: Arc<Mutex<Held>>,
     death: Mutex<Option<Death>>,
@@ -157,31 +235,6 @@ impl PartialEq for Buffer {
 
 impl Eq for Buffer {}
 
-fn alloc_host(bytes: usize) -> Result<Arc<Memory>> {
-    let layout = AllocLayout::from_size_align(bytes.max(1), HOST_ALIGN).map_err(|_| Error::Invalid {
-        func: "nx_kernels::Buffer::new",
-        why: format!("{bytes} bytes cannot be allocated"),
-    })?;
-    #[cfg(target_os = "linux")]
-    if bytes >= HUGE_MIN {
-        // SAFETY: an anonymous private mapping of a non-zero length; the hint only advises.
-        let p = unsafe {
-            os::mmap(std::ptr::null_mut(), layout.size(), os::PROT_READ_WRITE, os::MAP_PRIVATE_ANONYMOUS, -1, 0)
-        };
-        // MAP_FAILED is -1; mappings are page-aligned, which HOST_ALIGN divides
-        if p as isize != -1 && !p.is_null() {
-            // SAFETY: the range was just mapped; a refused hint leaves ordinary pages.
-            unsafe { os::madvise(p, layout.size(), os::MADV_HUGEPAGE) };
-            let ptr = NonNull::new(p.cast::<u8>()).expect("not null");
-            return Ok(Arc::new(Memory { ptr, layout, len: bytes, mapped: true }));
-        }
-    }
-    // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { alloc::alloc_zeroed(layout) };
-    let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { func: "nx_kernels::Buffer::new", bytes })?;
-    Ok(Arc::new(Memory { ptr, layout, len: bytes, mapped: false }))
-}
-
 impl Buffer {
     /// `bytes` zeroed bytes of read-write memory on `device`.
     ///
@@ -196,14 +249,53 @@ impl Buffer {
                 device: device.to_string(),
             });
         }
-        Ok(Buffer::from_parts(device, bytes, Access::ReadWrite, Some(alloc_host(bytes)?), Arc::default()))
+        let raw = alloc_raw(bytes).ok_or_else(|| Error::OutOfMemory {
+            func: "nx_kernels::Buffer::new",
+            bytes,
+            device: Some(device.to_string()),
+            why: "the system refused".into(),
+        })?;
+        let memory = Memory { raw: Some(raw), len: bytes, pool: None, pending: Mutex::default() };
+        Ok(Buffer::from_parts(device, bytes, Access::ReadWrite, Some(Arc::new(memory)), Arc::default(), None))
+    }
+
+    /// `bytes` bytes from `rig`'s pool, zeroed where `zeroed` (else their contents are whatever the
+    /// block held: every access follows the work pending on it).
+    pub(crate) fn from_pool(rig: &Rig, bytes: usize, zeroed: bool) -> Result<Buffer> {
+        let own = rig.last_event();
+        let (raw, ready, fresh) = rig.pool().take(bytes, own.as_ref())?;
+        let memory = Memory { raw: Some(raw), len: bytes, pool: Some(rig.pool().clone()), pending: Mutex::default() };
+        {
+            let mut p = memory.pending.lock().unwrap_or_else(|e| e.into_inner());
+            p.reads = ready;
+        }
+        let b = Buffer::from_parts(
+            rig.device(),
+            bytes,
+            Access::ReadWrite,
+            Some(Arc::new(memory)),
+            Arc::default(),
+            Some(rig.clone()),
+        );
+        if zeroed && !fresh {
+            let (p, n) = (b.host_ptr().expect("host memory").as_ptr() as usize, bytes);
+            let zero: Work = Box::new(move || {
+                // SAFETY: the buffer's memory holds `n` bytes and lives while this work may run
+                // (the pool takes a block back only with the work pending on it); the work runs
+                // after every earlier access of it.
+                unsafe { std::ptr::write_bytes(p as *mut u8, 0, n) };
+                Ok(())
+            });
+            rig.submit(&[], &[&b], zero)?;
+        }
+        Ok(b)
     }
 
     /// A buffer describing `bytes` bytes of memory on `device` that this process does not address
     /// (a peer's device, say): it has a size and a state but no host pointer, and host kernels
     /// refuse it as [`crate::Answer::OffHost`].
     pub fn unaddressed(device: Device, bytes: usize) -> Buffer {
-        Buffer::from_parts(device, bytes, Access::ReadWrite, None, Arc::default())
+        Buffer::from_parts(device, bytes, Access::ReadWrite, None, Arc::default(), None)
     }
 
     fn from_parts(
@@ -212,15 +304,16 @@ impl Buffer {
         access: Access,
         memory: Option<Arc<Memory>>,
         held: Arc<Mutex<Held>>,
+        rig: Option<Rig>,
     ) -> Buffer {
-        Buffer { inner: Arc::new(Inner { device, bytes, access, memory, held, death: Mutex::new(None) }) }
+        Buffer { inner: Arc::new(Inner { device, bytes, access, memory, rig, held, death: Mutex::new(None) }) }
     }
 
     /// A new buffer over the same memory that admits reads only. Both stay alive, and they share
     /// the memory's claims: a write through one excludes every access through the other.
     pub fn read_only(&self) -> Buffer {
         let i = &self.inner;
-        Buffer::from_parts(i.device, i.bytes, Access::Read, i.memory.clone(), i.held.clone())
+        Buffer::from_parts(i.device, i.bytes, Access::Read, i.memory.clone(), i.held.clone(), i.rig.clone())
     }
 
     // A poisoned lock only means a panic elsewhere while it was held; the state stays valid.
@@ -285,7 +378,7 @@ impl Buffer {
     pub fn donate(&self, op: impl Into<String>) -> Result<Buffer> {
         self.kill("nx_kernels::Buffer::donate", Death::DonatedTo(op.into()))?;
         let i = &self.inner;
-        Ok(Buffer::from_parts(i.device, i.bytes, i.access, i.memory.clone(), i.held.clone()))
+        Ok(Buffer::from_parts(i.device, i.bytes, i.access, i.memory.clone(), i.held.clone(), i.rig.clone()))
     }
 
     fn kill(&self, func: &'static str, why: Death) -> Result<()> {
@@ -305,8 +398,53 @@ impl Buffer {
     pub(crate) fn host_ptr(&self) -> Option<NonNull<u8>> {
         self.inner.memory.as_ref().map(|m| {
             debug_assert!(m.len >= self.inner.bytes);
-            m.ptr
+            m.ptr()
         })
+    }
+
+    /// The rig whose timeline runs work on this memory (`None`: the host's, at once).
+    pub fn rig(&self) -> Option<&Rig> {
+        self.inner.rig.as_ref()
+    }
+
+    /// Blocks until the work pending on this buffer's memory has ended: what a host access must
+    /// follow (a read follows its writes; a write, its reads too — waiting for both is what every
+    /// host access here does).
+    ///
+    /// # Errors
+    /// [`Error::Lost`] where that work's rig is lost.
+    pub fn wait(&self) -> Result<()> {
+        for e in self.pending_events(true) {
+            e.wait().map_err(|l| crate::rig::lost("nx_kernels::Buffer::wait", l))?;
+        }
+        Ok(())
+    }
+
+    /// Whether work is pending on this buffer's memory.
+    pub fn is_pending(&self) -> bool {
+        !self.pending_events(true).is_empty()
+    }
+
+    /// The events an access must follow: the last write's, and for a write the reads' too (those
+    /// not ended).
+    pub(crate) fn pending_events(&self, write: bool) -> Vec<Event> {
+        let Some(m) = &self.inner.memory else { return Vec::new() };
+        let p = m.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let reads = if write { p.reads.as_slice() } else { &[] };
+        p.write.iter().chain(reads).filter(|e| !e.is_done()).cloned().collect()
+    }
+
+    /// Records work at `e` that reads (or `write`s) this buffer's memory.
+    pub(crate) fn note_pending(&self, e: &Event, write: bool) {
+        let Some(m) = &self.inner.memory else { return };
+        let mut p = m.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if write {
+            p.write = Some(e.clone());
+            p.reads.clear();
+        } else {
+            p.reads.retain(|r| !r.is_done() && !e.covers(r));
+            p.reads.push(e.clone());
+        }
     }
 
     /// The identity of the bytes (every buffer over one memory shares it, as it shares the

@@ -37,6 +37,8 @@ pub enum Answer {
     Overlapping,
     /// The operands do not fit the operation: their number or their shapes.
     ShapeMismatch,
+    /// A device whose work the call must follow is lost (its work will never be done).
+    Lost,
 }
 
 impl Answer {
@@ -53,6 +55,7 @@ impl Answer {
             Answer::RepeatedElements => "a written operand reaches an element twice",
             Answer::Overlapping => "a written operand shares bytes with another operand it is not identical to",
             Answer::ShapeMismatch => "the operands' shapes do not fit the operation",
+            Answer::Lost => "a device whose work the call must follow is lost",
         }
     }
 }

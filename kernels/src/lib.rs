@@ -20,6 +20,7 @@ pub mod layout;
 #[cfg(feature = "ndarray")]
 mod ndarray_conv;
 pub mod prog;
+pub mod rig;
 
 pub use array::{AnyArray, Array};
 pub use buffer::{Access, Buffer, Death};
@@ -98,12 +99,26 @@ pub enum Error {
         why: String,
     },
     /// An allocation failed.
-    #[error("{func}: cannot allocate {bytes} bytes")]
+    #[error("{func}: cannot allocate {bytes} bytes{}: {why}", device.as_ref().map(|d| format!(" on {d}")).unwrap_or_default())]
     OutOfMemory {
         /// The function called.
         func: &'static str,
         /// The bytes asked for.
         bytes: usize,
+        /// The device, where one was asked.
+        device: Option<String>,
+        /// Why not (the system refused; past the limit, with what is in use).
+        why: String,
+    },
+    /// A device is lost: the work an access or a call must follow will never be done.
+    #[error("{func}: {device} is lost: {why}")]
+    Lost {
+        /// The function called.
+        func: &'static str,
+        /// The device, in words.
+        device: String,
+        /// Why it was lost.
+        why: String,
     },
     /// A feature this build lacks.
     #[error("{func}: {device} needs the `{feature}` feature, which this build of nx lacks")]

@@ -120,12 +120,17 @@ pub(crate) fn contract(
     let Ok(out_shape) = spec.shape(a.layout().shape(), b.layout().shape()) else { return Answer::ShapeMismatch };
     let mut reads: Vec<&dyn Operand> = vec![a, b];
     reads.extend(init);
-    through_door(&[dst], &reads, || {
+    let spec = spec.clone();
+    through_door(&[dst], &reads, move |w, r, run| {
+        let (dst, a, b, init, spec) = (w[0], r[0], r[1], r.get(2).copied(), &spec);
         if dst.layout().shape() != out_shape || init.is_some_and(|i| i.layout().shape() != out_shape) {
             return Answer::ShapeMismatch;
         }
         if !dst.layout().is_contiguous() {
             return Answer::Declined;
+        }
+        if !run {
+            return Answer::Done;
         }
         let (sa, sb) = (a.layout().shape(), b.layout().shape());
         let batch_a: Vec<usize> = spec.batch.iter().map(|p| p.0).collect();

@@ -20,7 +20,9 @@ pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[
     if let Some((answer, _)) = map_refusal(prog, shape.len(), &dt, &lt) {
         return answer;
     }
-    through_door(dsts, loads, || {
+    let (prog, shape) = (prog.clone(), shape.to_vec());
+    through_door(dsts, loads, move |dsts, loads, execute| {
+        let (prog, shape) = (&prog, &shape[..]);
         if dsts.iter().any(|d| d.layout().shape() != shape) {
             return Answer::ShapeMismatch;
         }
@@ -32,6 +34,9 @@ pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[
             Ok(b) => b,
             Err(a) => return a,
         };
+        if !execute {
+            return Answer::Done;
+        }
         let outs: Vec<(Ptr, isize, crate::Dtype)> =
             dsts.iter().map(|d| (Ptr::of(*d), d.layout().offset(), d.dtype())).collect();
         let dtypes: Vec<_> = outs.iter().map(|o| o.2).collect();

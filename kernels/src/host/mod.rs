@@ -78,7 +78,9 @@ use std::sync::Arc;
 use crate::door::Operand;
 use crate::kernels::{Contraction, Kernels, Reduction};
 use crate::prog::Prog;
+use crate::rig::Work;
 use crate::{Answer, Error, Result};
+use crate::{AnyArray, Buffer};
 
 /// The host kernel library. See the [module documentation](self).
 #[derive(Clone, Debug, Default)]
@@ -182,9 +184,49 @@ pub fn store_fence() {
     reg::fence()
 }
 
-/// Runs a door closure whose own answer is an [`Answer`], flattening the door's refusal into it.
-pub(crate) fn through_door(written: &[&dyn Operand], read: &[&dyn Operand], f: impl FnOnce() -> Answer) -> Answer {
-    crate::door(written, read, f).unwrap_or_else(|refusal| refusal)
+/// Runs a kernel's `body(written, read, run)` through the door: its checks, then (where `run`)
+/// its work. Where the first written operand lives on a queued rig, the checks run now, under the
+/// claims, and the work is queued on that rig's timeline over owned views of the operands (after
+/// every work it must follow): `Done` means queued. Elsewhere the body runs at once, after the
+/// work pending on every operand. Flattens the door's refusal into the answer; a device the call
+/// must follow that is lost answers [`Answer::Lost`].
+pub(crate) fn through_door<F>(written: &[&dyn Operand], read: &[&dyn Operand], body: F) -> Answer
+where
+    F: Fn(&[&dyn Operand], &[&dyn Operand], bool) -> Answer + Send + 'static,
+{
+    let rig = written.first().and_then(|o| o.buffer().rig()).filter(|r| r.is_queued()).cloned();
+    let answer = crate::door(written, read, || match rig {
+        None => {
+            if written.iter().chain(read).any(|o| o.buffer().wait().is_err()) {
+                return Answer::Lost;
+            }
+            body(written, read, true)
+        }
+        Some(rig) => {
+            let checked = body(written, read, false);
+            if checked != Answer::Done {
+                return checked;
+            }
+            let (w, r): (Vec<AnyArray>, Vec<AnyArray>) =
+                (written.iter().map(|o| AnyArray::of(*o)).collect(), read.iter().map(|o| AnyArray::of(*o)).collect());
+            let (wb, rb): (Vec<Buffer>, Vec<Buffer>) =
+                (w.iter().map(|a| a.buffer().clone()).collect(), r.iter().map(|a| a.buffer().clone()).collect());
+            let work: Work = Box::new(move || {
+                let wv: Vec<&dyn Operand> = w.iter().map(|a| a as &dyn Operand).collect();
+                let rv: Vec<&dyn Operand> = r.iter().map(|a| a as &dyn Operand).collect();
+                match body(&wv, &rv, true) {
+                    Answer::Done => Ok(()),
+                    other => Err(format!("a kernel answered \"{other}\" when it ran")),
+                }
+            });
+            let (wr, rr): (Vec<&Buffer>, Vec<&Buffer>) = (wb.iter().collect(), rb.iter().collect());
+            match rig.submit(&rr, &wr, work) {
+                Ok(_) => Answer::Done,
+                Err(_) => Answer::Lost,
+            }
+        }
+    });
+    answer.unwrap_or_else(|refusal| refusal)
 }
 
 #[cfg(test)]

@@ -652,7 +652,9 @@ pub(crate) fn reduce(
     }
     let kept: Vec<usize> = (0..shape.len()).filter(|a| !red.contains(a)).collect();
     let out_shape: Vec<usize> = kept.iter().map(|&a| shape[a]).collect();
-    through_door(dsts, loads, || {
+    let (prog, shape, reductions) = (prog.clone(), shape.to_vec(), reductions.to_vec());
+    through_door(dsts, loads, move |dsts, loads, run| {
+        let (prog, shape, reductions) = (&prog, &shape[..], &reductions[..]);
         if dsts.iter().any(|d| d.layout().shape() != out_shape) {
             return Answer::ShapeMismatch;
         }
@@ -674,6 +676,9 @@ pub(crate) fn reduce(
             (extent_product(out_shape.iter().copied()), extent_product(red.iter().map(|&a| shape[a])));
         if terms == 0 && outputs > 0 && reductions.iter().any(|r| matches!(r, Reduction::Arg(_))) {
             return Answer::ShapeMismatch;
+        }
+        if !run {
+            return Answer::Done;
         }
         let mut outs = Vec::with_capacity(reductions.len());
         let mut k = 0;

@@ -1,0 +1,229 @@
+//! Devices with timelines: random programs of kernels, host reads and writes and transfers over
+//! arrays on the host and on queued devices with random delays give the bits of the same program
+//! run at once; work on freed memory, donated memory and a lost device; the pool's reuse, limit
+//! and statistics.
+
+use std::time::Duration;
+
+use nx_kernels::rig::{QueueOptions, Rig, RigOptions};
+use nx_kernels::{Answer, Array, Dtype, Error, Host, Kernels, Prog};
+use nx_mesh::Device;
+
+/// SplitMix64.
+struct Draw(u64);
+
+impl Draw {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// `y = a·c + b` elementwise.
+fn axpy(c: f64) -> Prog {
+    let mut p = Prog::new(&[Dtype::F64, Dtype::F64]);
+    let (a, b) = (p.load(0), p.load(1));
+    let k = p.float(c);
+    let m = p.mul(a, k);
+    let s = p.add(m, b);
+    p.output(s);
+    p
+}
+
+const LEN: usize = 37;
+
+/// Runs program `seed` over arrays on `rigs` (array k on rig k mod the rigs); answers what every
+/// host read saw, then every array's final elements.
+fn program(seed: u64, rigs: &[Rig], steps: usize) -> Vec<Vec<f64>> {
+    let host = Host::with_threads(1).unwrap();
+    let mut d = Draw(seed);
+    let n = 6;
+    let arrays: Vec<Array<f64>> = (0..n)
+        .map(|k| Array::from_fn_on(&rigs[k % rigs.len()], &[LEN], |i| (i[0] * (k + 1)) as f64).unwrap())
+        .collect();
+    let mut seen = Vec::new();
+    for _ in 0..steps {
+        let (x, y, z) = (d.below(n), d.below(n), d.below(n));
+        match d.below(5) {
+            // a kernel writing z from x and y (z's rig runs it): read-after-write on x and y,
+            // write-after-read and write-after-write on z; x, y, z may coincide
+            0 | 1 => {
+                let c = (d.below(7) as f64 - 3.0) * 0.5;
+                let (a, b) = (arrays[x].clone(), arrays[y].clone());
+                let dst = if z == x || z == y {
+                    Array::from_fn_on(&rigs[z % rigs.len()], &[LEN], |_| 0.0).unwrap()
+                } else {
+                    arrays[z].clone()
+                };
+                assert_eq!(host.map(&axpy(c), &[LEN], &[&dst], &[&a, &b]), Answer::Done);
+                if z == x || z == y {
+                    Array::transfer(&dst, &arrays[z]).unwrap();
+                }
+            }
+            // a host read
+            2 => seen.push(arrays[x].to_vec().unwrap()),
+            // a host write of one element
+            3 => arrays[x].set(&[d.below(LEN)], d.below(100) as f64).unwrap(),
+            // a transfer between devices
+            _ => {
+                if x != y {
+                    Array::transfer(&arrays[x], &arrays[y]).unwrap();
+                }
+            }
+        }
+    }
+    seen.extend(arrays.iter().map(|a| a.to_vec().unwrap()));
+    seen
+}
+
+fn bits(v: &[Vec<f64>]) -> Vec<Vec<u64>> {
+    v.iter().map(|x| x.iter().map(|f| f.to_bits()).collect()).collect()
+}
+
+#[test]
+fn random_programs_on_queued_devices_give_the_bits_of_the_same_programs_run_at_once() {
+    let at_once = [Rig::host(Device::sim(0)).unwrap()];
+    let queued = |delay_us: u64, seed: u64| {
+        vec![
+            Rig::host(Device::sim(0)).unwrap(),
+            Rig::queued(Device::sim(1), Duration::from_micros(delay_us), seed).unwrap(),
+            Rig::queued(Device::sim(2), Duration::from_micros(delay_us), seed + 1).unwrap(),
+        ]
+    };
+    for seed in 0..2000u64 {
+        let rigs = queued(if seed % 10 == 0 { 300 } else { 20 }, seed);
+        let want = program(seed, &at_once, 24);
+        let got = program(seed, &rigs, 24);
+        assert_eq!(bits(&got), bits(&want), "program {seed}");
+    }
+}
+
+#[test]
+fn a_kernel_on_a_queued_device_answers_before_its_work_runs() {
+    let rig = Rig::queued(Device::sim(1), Duration::from_millis(200), 1).unwrap();
+    let x = Array::<f64>::from_fn_on(&rig, &[LEN], |i| i[0] as f64).unwrap();
+    let y = Array::<f64>::zeros_on(&rig, &[LEN]).unwrap();
+    let t = std::time::Instant::now();
+    assert_eq!(Host::new().map(&axpy(2.0), &[LEN], &[&y], &[&x, &x]), Answer::Done);
+    assert!(t.elapsed() < Duration::from_millis(100), "queued, not run: {:?}", t.elapsed());
+    assert!(y.buffer().is_pending());
+    assert_eq!(y.to_vec().unwrap()[5], 15.0);
+    assert!(!y.buffer().is_pending());
+}
+
+#[test]
+fn freeing_or_donating_a_buffer_while_work_is_pending_keeps_the_work_and_the_reuse_ordered() {
+    let rig = Rig::queued(Device::sim(1), Duration::from_millis(1), 3).unwrap();
+    let x = Array::<f64>::from_fn_on(&rig, &[LEN], |i| i[0] as f64).unwrap();
+    let slow = Rig::queued(Device::sim(2), Duration::from_millis(150), 4).unwrap();
+    // slow work on `slow` writes y; y is freed at once, its memory goes back when the work ends
+    let y = Array::<f64>::zeros_on(&slow, &[LEN]).unwrap();
+    assert_eq!(Host::new().map(&axpy(1.0), &[LEN], &[&y], &[&x, &x]), Answer::Done);
+    y.buffer().free().unwrap();
+    assert!(y.to_vec().unwrap_err().to_string().contains("freed"));
+    drop(y); // the last handle: the memory goes back to the pool once the work lets it go
+             // the queued work holds y's memory: no new array gets it while the work may write it (a
+             // new one is fresh), and once the work has ended the pool hands it out again
+    let z = Array::<f64>::from_vec_on(&slow, &[LEN], vec![7.0; LEN]).unwrap();
+    assert_eq!((slow.pool_stats().reused, slow.pool_stats().fresh), (0, 2), "{:?}", slow.pool_stats());
+    slow.synchronize().unwrap();
+    assert_eq!(z.to_vec().unwrap(), vec![7.0; LEN]);
+    let again = Array::<f64>::from_vec_on(&slow, &[LEN], vec![9.0; LEN]).unwrap();
+    assert_eq!(slow.pool_stats().reused, 1, "{:?}", slow.pool_stats());
+    assert_eq!((again.to_vec().unwrap(), z.to_vec().unwrap()), (vec![9.0; LEN], vec![7.0; LEN]));
+    // donation: the buffer dies naming its consumer; the successor holds the memory once the
+    // work that writes it is done
+    let w = Array::<f64>::zeros_on(&slow, &[LEN]).unwrap();
+    assert_eq!(Host::new().map(&axpy(3.0), &[LEN], &[&w], &[&x, &x]), Answer::Done);
+    let next = Array::<f64>::new(w.layout().clone(), w.buffer().donate("nx::test").unwrap()).unwrap();
+    assert!(w.to_vec().unwrap_err().to_string().contains("donated to nx::test"));
+    assert_eq!(next.to_vec().unwrap()[2], 8.0);
+}
+
+#[test]
+fn a_lost_device_fails_its_dependants_and_the_host_never_hangs() {
+    let a = Rig::queued(Device::sim(1), Duration::from_millis(100), 5).unwrap();
+    let b = Rig::queued(Device::sim(2), Duration::ZERO, 6).unwrap();
+    let x = Array::<f64>::from_fn_on(&a, &[LEN], |i| i[0] as f64).unwrap();
+    let y = Array::<f64>::zeros_on(&a, &[LEN]).unwrap();
+    assert_eq!(Host::new().map(&axpy(1.0), &[LEN], &[&y], &[&x, &x]), Answer::Done);
+    // work on another device that must follow y's
+    let z = Array::<f64>::zeros_on(&b, &[LEN]).unwrap();
+    assert_eq!(Host::new().map(&axpy(1.0), &[LEN], &[&z], &[&y, &y]), Answer::Done);
+    a.lose("pulled from its slot");
+    let t = std::time::Instant::now();
+    let e = y.to_vec().unwrap_err().to_string();
+    assert!(e.contains("nx_kernels::Array::to_vec: sim:1 is lost: pulled from its slot"), "{e}");
+    let e = z.to_vec().unwrap_err().to_string();
+    assert!(e.contains("sim:2 is lost") && e.contains("it must follow work on sim:1 is lost"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // later work on the lost device, and host kernels that must follow it, answer Lost
+    assert_eq!(Host::new().map(&axpy(1.0), &[LEN], &[&x], &[&x, &x]), Answer::Lost);
+    let h = Array::<f64>::zeros(Device::sim(0), &[LEN]).unwrap();
+    assert_eq!(Host::new().map(&axpy(1.0), &[LEN], &[&h], &[&y, &y]), Answer::Lost);
+    assert!(matches!(a.synchronize(), Err(Error::Lost { .. })));
+}
+
+#[test]
+fn work_that_fails_on_a_queued_device_loses_it() {
+    let a = Rig::queued(Device::sim(1), Duration::ZERO, 7).unwrap();
+    let x = Array::<f64>::zeros_on(&a, &[LEN]).unwrap();
+    let e = a.submit(&[], &[x.buffer()], Box::new(|| Err("a failing kernel".into()))).unwrap();
+    assert!(e.is_some());
+    let err = x.to_vec().unwrap_err().to_string();
+    assert!(err.contains("sim:1 is lost: a failing kernel"), "{err}");
+    let err = a.submit(&[], &[], Box::new(|| Ok(()))).unwrap_err().to_string();
+    assert!(err.contains("is lost"), "{err}");
+}
+
+#[test]
+fn the_pool_reuses_blocks_without_fresh_memory_and_keeps_its_limit() {
+    let rig = Rig::new(Device::sim(0), RigOptions { queue: None, limit: Some(64 << 20) }).unwrap();
+    for _ in 0..20 {
+        let a = Array::<f32>::uninit_on(&rig, &[4 << 20]).unwrap(); // 16 MiB
+        drop(a);
+    }
+    let s = rig.pool_stats();
+    assert_eq!((s.fresh, s.reused), (1, 19), "{s:?}");
+    assert_eq!((s.in_use, s.cached), (0, 16 << 20));
+    // past the limit: a clear error naming the device, the request and what is in use
+    let keep: Vec<Array<f32>> = (0..4).map(|_| Array::<f32>::uninit_on(&rig, &[4 << 20]).unwrap()).collect();
+    let e = Array::<f32>::uninit_on(&rig, &[1]).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "nx_kernels::Rig::alloc: cannot allocate 4 bytes on sim:0: past the limit of 67108864 B; 67108864 B in use"
+        ),
+        "{e}"
+    );
+    drop(keep);
+    // zeroed allocations of a reused block are zero
+    let z = Array::<f32>::zeros_on(&rig, &[4 << 20]).unwrap();
+    assert!(z.with_slice(|s| s.iter().all(|&x| x == 0.0)).unwrap());
+}
+
+#[test]
+fn random_sizes_keep_the_cache_bounded_under_a_limit() {
+    let limit = 256 << 20;
+    let rig =
+        Rig::new(Device::sim(0), RigOptions { queue: Some(QueueOptions::default()), limit: Some(limit) }).unwrap();
+    let mut d = Draw(11);
+    let mut live: Vec<Array<u8>> = Vec::new();
+    for _ in 0..3000 {
+        if live.len() > 8 || (d.below(2) == 0 && !live.is_empty()) {
+            live.swap_remove(d.below(live.len()));
+        } else {
+            let bytes = 1 + d.below(24 << 20);
+            live.push(Array::<u8>::uninit_on(&rig, &[bytes]).unwrap());
+        }
+        let s = rig.pool_stats();
+        assert!(s.in_use + s.cached <= limit, "{s:?}");
+    }
+    let s = rig.pool_stats();
+    assert!(s.reused > s.fresh, "reuse dominates: {s:?}");
+}
