@@ -9,6 +9,9 @@ use nx::{Placement, PlacementSpec};
 fn main() -> ExitCode {
     let out = nx::launch_with(&nx::LaunchOptions { devices: Some(6), ..Default::default() }, |ctx| {
         let mesh = ctx.mesh(&[("dp", 2), ("tp", 3)])?;
+        if ctx.rank() == 0 {
+            println!("{} ranks on {} devices, work {}", ctx.size(), ctx.device().kind.name(), ctx.rig().timing());
+        }
         let shape = [7, 5];
         let specs =
             ["on", "device(4)", "split(0)", "mesh(0:dp.tp)", "mesh(0:dp, 1:tp)", "mesh(1:tp)", "partial(tp; 0:dp)"];

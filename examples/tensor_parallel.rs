@@ -9,6 +9,9 @@ use nx::{Placement, Tensor};
 fn main() -> ExitCode {
     let out = nx::launch_with(&nx::LaunchOptions { devices: Some(4), ..Default::default() }, |ctx| {
         let mesh = ctx.mesh(&[("dp", 2), ("tp", 2)])?;
+        if ctx.rank() == 0 {
+            println!("{} ranks on {} devices, work {}", ctx.size(), ctx.device().kind.name(), ctx.rig().timing());
+        }
         let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<nx::PlacementSpec>()?.over(&mesh)?) };
         let (m, k, n) = (9, 7, 5); // uneven on purpose
         let f = |i: &[usize]| (i[0] * 3 + i[1]) as f64 * 0.5;

@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     let runs = match nx::launch_with(&opts, |ctx| {
         if ctx.rank() == 0 {
             println!(
-                "training a {}-{}-{} MLP on {} rows over dp={},tp={} ({} ranks, {} backend)",
+                "training a {}-{}-{} MLP on {} rows over dp={},tp={} ({} ranks, {} backend, {} devices, work {})",
                 cfg.d_in,
                 cfg.hidden,
                 cfg.classes,
@@ -58,7 +58,9 @@ fn main() -> ExitCode {
                 cfg.dp,
                 cfg.tp,
                 ctx.size(),
-                ctx.backend()
+                ctx.backend(),
+                ctx.device().kind.name(),
+                ctx.rig().timing()
             );
         }
         let out = mlp::train(ctx, &cfg)?;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use nx_collectives::sim::{self, SimComm, SimOptions};
 use nx_collectives::{Communicator, ReduceOp, Reducible};
+use nx_kernels::rig::{QueueOptions, Rig, RigOptions};
 use nx_kernels::Host;
 use nx_mesh::{Device, Devices, Mesh};
 
@@ -32,6 +33,12 @@ pub struct LaunchOptions {
     /// Faults to inject on the simulated mesh (a rank fails, panics, stalls or is delayed at its
     /// n-th collective: [`nx_collectives::sim::Fault`]); ignored under mpirun.
     pub faults: Vec<nx_collectives::sim::Fault>,
+    /// Run each simulated rank's work on a queued device (a worker thread per device, each item
+    /// after a random delay of up to `delay`: [`nx_kernels::rig`]), the stand-in for a GPU stream
+    /// (default: `NX_SIM_QUEUED`, a delay in microseconds, else work runs at once on the host).
+    pub queued: Option<QueueOptions>,
+    /// The most bytes each device's buffers may hold (default: the system's).
+    pub memory_limit: Option<usize>,
 }
 
 /// The communicator a rank was launched with.
@@ -129,6 +136,7 @@ struct Inner<'d> {
     devices: Devices<'d>,
     index: usize,
     host: Host,
+    rig: Rig,
     auto_place: bool,
 }
 
@@ -179,6 +187,12 @@ impl<'d> Ctx<'d> {
     /// The host kernel library this rank computes with.
     pub fn host(&self) -> &Host {
         &self.inner.host
+    }
+
+    /// This rank's device as a running thing: its timeline (at once on the host, or queued) and
+    /// the caching pool its tensors take memory from.
+    pub fn rig(&self) -> &Rig {
+        &self.inner.rig
     }
 
     /// Whether maps place mismatched operands themselves ([`LaunchOptions::auto_place`]).
@@ -246,6 +260,24 @@ impl<'d> Ctx<'d> {
     }
 }
 
+/// The queued timelines of a simulated launch: the options', else `NX_SIM_QUEUED` (a delay in
+/// microseconds), else none.
+fn sim_queue(opts: &LaunchOptions) -> Result<Option<QueueOptions>> {
+    if opts.queued.is_some() {
+        return Ok(opts.queued);
+    }
+    match std::env::var("NX_SIM_QUEUED") {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(us) if us <= 10_000_000 => Ok(Some(QueueOptions { delay: Duration::from_micros(us), seed: 0 })),
+            _ => Err(Error::Invalid {
+                func: "nx::launch",
+                why: format!("NX_SIM_QUEUED={v:?} is not a delay in microseconds (0 to 10000000)"),
+            }),
+        },
+        Err(_) => Ok(None),
+    }
+}
+
 fn sim_devices(opts: &LaunchOptions) -> Result<usize> {
     if let Some(n) = opts.devices {
         return Ok(n);
@@ -286,7 +318,7 @@ where
     let checked = opts.checked.unwrap_or(cfg!(debug_assertions));
     let timeout = opts.timeout.unwrap_or(Duration::from_secs(300));
     if nx_collectives::mpi::under_mpirun() {
-        return launch_mpi(checked, timeout, opts.auto_place, body);
+        return launch_mpi(checked, timeout, opts, body);
     }
     if let Ok(rank) = std::env::var("NX_RANK") {
         return Err(Error::Invalid {
@@ -297,9 +329,12 @@ where
         });
     }
     let n = sim_devices(opts)?;
+    let queue = sim_queue(opts)?;
     let sopts = SimOptions { checked, timeout, faults: opts.faults.clone() };
     Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
         let index = comm.rank();
+        let queue = queue.map(|q| QueueOptions { seed: q.seed ^ index as u64, ..q });
+        let rig = Rig::new(Device::sim(index), RigOptions { queue, limit: opts.memory_limit })?;
         Devices::with(Device::sims(n), |devices| {
             let ctx = Ctx {
                 inner: Rc::new(Inner {
@@ -307,6 +342,7 @@ where
                     devices,
                     index,
                     host: Host::new(),
+                    rig,
                     auto_place: opts.auto_place,
                 }),
             };
@@ -317,18 +353,20 @@ where
 }
 
 #[cfg(feature = "mpi")]
-fn launch_mpi<R, F>(checked: bool, timeout: Duration, auto_place: bool, body: F) -> Result<Vec<R>>
+fn launch_mpi<R, F>(checked: bool, timeout: Duration, opts: &LaunchOptions, body: F) -> Result<Vec<R>>
 where
     F: for<'d> Fn(&Ctx<'d>) -> Result<R>,
 {
     use nx_collectives::mpi::{self, MpiComm, MpiOptions};
+    let (auto_place, limit) = (opts.auto_place, opts.memory_limit);
     let r = mpi::run(MpiOptions { checked, timeout }, |comm: MpiComm| -> Result<R> {
         let (n, index) = (comm.size(), comm.rank());
         let list: Vec<Device> = (0..n).map(|r| Device::new(nx_mesh::DeviceKind::Cpu, r, r)).collect();
+        let rig = Rig::new(list[index], RigOptions { queue: None, limit })?;
         Devices::with(list, |devices| {
             // ranks may share a host: one rayon thread each keeps them from oversubscribing it
             let host = Host::with_threads(1)?;
-            let ctx = Ctx { inner: Rc::new(Inner { comm: Comm::Mpi(comm), devices, index, host, auto_place }) };
+            let ctx = Ctx { inner: Rc::new(Inner { comm: Comm::Mpi(comm), devices, index, host, rig, auto_place }) };
             body(&ctx)
         })
         .map_err(nx_placement::Error::from)?
@@ -337,7 +375,7 @@ where
 }
 
 #[cfg(not(feature = "mpi"))]
-fn launch_mpi<R, F>(_: bool, _: Duration, _: bool, _: F) -> Result<Vec<R>>
+fn launch_mpi<R, F>(_: bool, _: Duration, _: &LaunchOptions, _: F) -> Result<Vec<R>>
 where
     F: for<'d> Fn(&Ctx<'d>) -> Result<R>,
 {

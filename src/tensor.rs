@@ -108,7 +108,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             Some(w) => {
                 let starts: Vec<usize> = w.iter().map(|r| r.start).collect();
                 let mut g = vec![0; shape.len()];
-                Some(Array::from_fn(ctx.device(), &window_shape(&w), |i| {
+                Some(Array::from_fn_on(ctx.rig(), &window_shape(&w), |i| {
                     for (d, (&s, &x)) in starts.iter().zip(i).enumerate() {
                         g[d] = s + x;
                     }
@@ -260,7 +260,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         };
         let out = nx_collectives::place(self.ctx.comm(), &plan, data)?;
         let local = match (out, to.window(&self.shape, self.ctx.index())?) {
-            (Some(d), Some(w)) => Some(Array::from_vec(self.ctx.device(), &window_shape(&w), d)?),
+            (Some(d), Some(w)) => Some(Array::from_vec_on(self.ctx.rig(), &window_shape(&w), d)?),
             _ => None,
         };
         Ok(Tensor { ctx: self.ctx.clone(), shape: self.shape.clone(), placement: to.clone(), local })
@@ -393,7 +393,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         let out = build(&mut p, &loads);
         let out = p.cast(out, T::DTYPE);
         p.output(out);
-        let dst = Array::<T>::zeros(self.ctx.device(), a.shape())?;
+        let dst = Array::<T>::uninit_on(self.ctx.rig(), a.shape())?;
         let mut ops: Vec<&dyn nx_kernels::Operand> = vec![a];
         for o in others {
             ops.push(o.local.as_ref().expect("aligned operands hold windows where this one does"));
@@ -561,7 +561,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         };
         let local = match (&self.local, &other.local, placement.window(&shape, self.ctx.index())?) {
             (Some(a), Some(b), Some(w)) => {
-                let dst = Array::<T>::zeros(self.ctx.device(), &window_shape(&w))?;
+                let dst = Array::<T>::uninit_on(self.ctx.rig(), &window_shape(&w))?;
                 let ops: [&dyn nx_kernels::Operand; 2] = [a, b];
                 check(FUNC, self.ctx.host().contract(spec, &dst, a, b, None), &ops)?;
                 Some(dst)
@@ -628,7 +628,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             Some(a) => {
                 let mut out_shape = a.shape().to_vec();
                 out_shape.remove(axis);
-                let dst = Array::<T>::zeros(self.ctx.device(), &out_shape)?;
+                let dst = Array::<T>::uninit_on(self.ctx.rig(), &out_shape)?;
                 let mut p = Prog::new(&[T::DTYPE]);
                 let l = p.load(0);
                 p.output(l);

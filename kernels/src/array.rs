@@ -540,23 +540,78 @@ impl<T: Element> Array<T> {
         raise("nx_kernels::Array::transfer", r.and_then(|x| x.map_err(Refusal::Door)), &[src, dst])
     }
 
-    /// A fresh C-contiguous array on this array's device holding its elements.
+    /// A fresh C-contiguous array on this array's device holding its elements (from its rig's pool
+    /// where it has one).
     ///
     /// # Errors
     /// As [`Array::zeros`] and [`Array::transfer`].
     pub fn copy(&self) -> Result<Array<T>> {
-        self.to_device(self.device())
-    }
-
-    /// A fresh C-contiguous array on `device` holding this array's elements (a C-contiguous copy,
-    /// whatever this array's strides).
-    ///
-    /// # Errors
-    /// As [`Array::zeros`] and [`Array::transfer`].
-    pub fn to_device(&self, device: Device) -> Result<Array<T>> {
-        let out = Array::zeros(device, self.shape())?;
+        let out = match self.buffer.rig() {
+            Some(rig) => Array::uninit_on(rig, self.shape())?,
+            None => Array::zeros(self.device(), self.shape())?,
+        };
         Array::transfer(self, &out)?;
         Ok(out)
+    }
+
+    /// This array's elements on `device`, also when it is on `device`, in fresh memory of at most
+    /// one element per index (an axis of stride 0 counted once), laid out by the reference's rule
+    /// ([`Layout::copy_layout`]): this layout shifted to position 0 where its span fits in that
+    /// many elements, else its axes packed by decreasing magnitude of stride. Shape [3, 2] at
+    /// strides [2, 2] gets strides [2, 1].
+    ///
+    /// # Errors
+    /// As [`Buffer::new`] and [`Array::transfer`].
+    pub fn to_device(&self, device: Device) -> Result<Array<T>> {
+        let (layout, count) = self.layout.copy_layout();
+        self.copy_into(Array::new(layout, Buffer::new(device, count * T::DTYPE.size())?)?)
+    }
+
+    /// Stores this array's elements into `out` (of its shape, laid out by [`Layout::copy_layout`]):
+    /// a kept layout by a copy of its whole span (its positions may repeat, as this one's do), a
+    /// packed one element by element, each position once where an axis is broadcast.
+    fn copy_into(&self, out: Array<T>) -> Result<Array<T>> {
+        let view = |a: &Array<T>, layout: Layout| Array::<T> { layout, buffer: a.buffer.clone(), elem: PhantomData };
+        match self.layout.span() {
+            Some((lo, hi)) if out.layout.strides() == self.layout.strides() => {
+                let n = (hi - lo + 1) as usize;
+                let (src, dst) = (Layout::new(vec![n], vec![1], lo)?, Layout::new(vec![n], vec![1], 0)?);
+                Array::transfer(&view(self, src), &view(&out, dst))?;
+            }
+            Some(_) => Array::transfer(
+                &view(self, self.layout.without_broadcast()),
+                &view(&out, out.layout.without_broadcast()),
+            )?,
+            None => {}
+        }
+        Ok(out)
+    }
+
+    /// [`Array::to_device`] onto `rig`, from its pool.
+    ///
+    /// # Errors
+    /// As [`Rig::alloc`] and [`Array::transfer`].
+    pub fn to_rig(&self, rig: &Rig) -> Result<Array<T>> {
+        let (layout, count) = self.layout.copy_layout();
+        let bytes = count * T::DTYPE.size();
+        let buffer = if T::DTYPE == Dtype::Bool { rig.alloc(bytes)? } else { rig.alloc_uninit(bytes)? };
+        self.copy_into(Array::new(layout, buffer)?)
+    }
+
+    /// This array on `rig` without a copy: its dtype and layout over a borrow of its buffer
+    /// ([`Buffer::borrow`]), which shares the memory, so writes through either show in the other;
+    /// this array itself where it is on `rig` already; `None` where `rig` cannot map its memory.
+    ///
+    /// # Errors
+    /// [`Error::Dead`] for a dead buffer.
+    pub fn borrow(&self, rig: &Rig) -> Result<Option<Array<T>>> {
+        if let Some(d) = self.buffer.death() {
+            return Err(Error::Dead { func: "nx_kernels::Array::borrow", why: d.to_string() });
+        }
+        if self.buffer.rig() == Some(rig) {
+            return Ok(Some(self.clone()));
+        }
+        Ok(self.buffer.borrow(rig).map(|buffer| Array { layout: self.layout.clone(), buffer, elem: PhantomData }))
     }
 
     /// The array over this buffer laid out by `m` applied to this layout, or `None` where that is a

@@ -175,13 +175,9 @@ impl Drop for Memory {
                     p.write.take().into_iter().chain(p.reads.drain(..)).filter(|e| !e.is_ended()).collect();
                 pool.give(raw, ready);
             }
-            None => {
-                // memory from the system goes back to it once no work can touch it
-                for e in p.write.iter().chain(&p.reads) {
-                    let _ = e.wait();
-                }
-                free_raw(raw);
-            }
+            // every work that touches memory holds a handle of it ([`Rig::submit`] keeps its
+            // buffers): at the last handle's end no work can touch it any more
+            None => free_raw(raw),
         }
     }
 }
@@ -191,6 +187,8 @@ impl Drop for Memory {
 struct Held {
     readers: usize,
     writer: bool,
+    /// Lent to code outside the claims for good: never held exclusive again.
+    exported: bool,
 }
 
 struct Inner {
@@ -402,6 +400,47 @@ impl Buffer {
         })
     }
 
+    /// A borrow of this buffer's memory for `rig`, which maps it: a buffer on `rig` sharing the
+    /// memory, its claims and its pending work (writes through either show in the other), alive
+    /// however this one ends. `None` where `rig` cannot map it (memory the host does not address).
+    pub fn borrow(&self, rig: &Rig) -> Option<Buffer> {
+        let i = &self.inner;
+        i.memory.as_ref()?;
+        Some(Buffer::from_parts(rig.device(), i.bytes, i.access, i.memory.clone(), i.held.clone(), Some(rig.clone())))
+    }
+
+    /// Lends the memory to code outside the claims for good (a foreign pointer, a mapping): from
+    /// now on no call holds it exclusive (writing calls are refused as `HeldExclusive`), as the
+    /// reference's `Rig.Buffer.export` says. Answers once the work pending on it has ended.
+    ///
+    /// # Errors
+    /// As [`Buffer::wait`].
+    pub fn export(&self) -> Result<()> {
+        self.held().exported = true;
+        self.wait()
+    }
+
+    /// Whether the memory was exported ([`Buffer::export`]).
+    pub fn is_exported(&self) -> bool {
+        self.held().exported
+    }
+
+    /// Whether this buffer's memory and `other`'s hold a byte in common (the same memory, or
+    /// host ranges that meet).
+    pub fn overlaps(&self, other: &Buffer) -> bool {
+        if self.memory_id() == other.memory_id() {
+            return true;
+        }
+        match (self.host_ptr(), other.host_ptr()) {
+            (Some(a), Some(b)) => {
+                let (a, b) = (a.as_ptr() as usize, b.as_ptr() as usize);
+                let (la, lb) = (self.bytes(), other.bytes());
+                la > 0 && lb > 0 && a < b + lb && b < a + la
+            }
+            _ => false,
+        }
+    }
+
     /// The rig whose timeline runs work on this memory (`None`: the host's, at once).
     pub fn rig(&self) -> Option<&Rig> {
         self.inner.rig.as_ref()
@@ -497,7 +536,7 @@ impl Claims {
         }
         let conflict = |m: &(Arc<Mutex<Held>>, Claim, usize), h: &Held| match m.1 {
             Claim::Shared => h.writer,
-            Claim::Exclusive => h.writer || h.readers > 0,
+            Claim::Exclusive => h.writer || h.readers > 0 || h.exported,
         };
         if let Some(i) = memories.iter().zip(&guards).filter(|(m, h)| conflict(m, h)).map(|(m, _)| m.2).min() {
             return Err(ClaimRefusal::HeldExclusive(i));

@@ -285,6 +285,49 @@ impl Layout {
         Some((lo, hi))
     }
 
+    /// The layout of a copy of this one (the reference's `to_device` rule), and the elements its
+    /// memory holds: one per index, an axis of stride 0 counted once. Where this layout's span
+    /// fits in that many elements it is kept, shifted so its least position is 0; otherwise the
+    /// axes are packed by decreasing magnitude of stride (ties in axis order), the last at stride
+    /// 1 and each other at the product of the extents after it, each with the sign of its stride,
+    /// an axis of stride 0 keeping 0, the least position at 0.
+    pub fn copy_layout(&self) -> (Layout, usize) {
+        let count =
+            extent_product(self.shape.iter().zip(&self.strides).map(|(&e, &s)| if s == 0 { e.min(1) } else { e }));
+        let fits = match self.span() {
+            None => true,
+            Some((lo, hi)) => ((hi - lo) as usize) < count,
+        };
+        if fits {
+            let lo = self.span().map_or(self.offset, |(lo, _)| lo);
+            return (
+                Layout { shape: self.shape.clone(), strides: self.strides.clone(), offset: self.offset - lo },
+                count,
+            );
+        }
+        let mut order: Vec<usize> = (0..self.rank()).collect();
+        order.sort_by_key(|&a| (std::cmp::Reverse(self.strides[a].unsigned_abs()), a));
+        let mut strides = vec![0isize; self.rank()];
+        let mut acc = 1isize;
+        for &a in order.iter().rev() {
+            let s = self.strides[a];
+            if s != 0 {
+                strides[a] = acc * s.signum();
+                acc *= self.shape[a] as isize;
+            }
+        }
+        // the least position at 0: each negative stride's reach
+        let offset =
+            self.shape.iter().zip(&strides).map(|(&e, &s)| if s < 0 { -(e as isize - 1) * s } else { 0 }).sum();
+        (Layout { shape: self.shape.clone(), strides, offset }, count)
+    }
+
+    /// This layout with every axis of stride 0 (and elements) at extent 1: each position once.
+    pub fn without_broadcast(&self) -> Layout {
+        let shape = self.shape.iter().zip(&self.strides).map(|(&e, &s)| if s == 0 { e.min(1) } else { e }).collect();
+        Layout { shape, strides: self.strides.clone(), offset: self.offset }
+    }
+
     /// Whether the layout is C-contiguous: strides are the contiguous ones, an extent-1 axis's
     /// stride being free. (Any layout of no element is contiguous.)
     pub fn is_contiguous(&self) -> bool {

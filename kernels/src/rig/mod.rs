@@ -158,8 +158,9 @@ impl Rig {
     /// Runs `work` on this rig after every earlier work its access must follow: the work that
     /// writes what it `reads`, and the work that reads or writes what it `writes`, on any rig.
     /// On the host rig it waits for that work and runs at once; on a queued rig it is queued.
-    /// Answers the work's event (`None` where it ran at once). The caller holds the claims that
-    /// make the buffers' pending work stable (the door's).
+    /// Answers the work's event (`None` where it ran at once). The work keeps the buffers alive
+    /// until it has run. The caller holds the claims that make the buffers' pending work stable
+    /// (the door's).
     ///
     /// # Errors
     /// [`Error::Lost`] where this rig is lost, or (at once) the work it must follow is; the
@@ -183,6 +184,13 @@ impl Rig {
             Some(t) => {
                 // the timeline orders its own items: only other timelines' events are waited for
                 deps.retain(|e| !t.owns(e) && !e.is_done());
+                // the work keeps its buffers (their memory) until it has run
+                let keep: Vec<Buffer> = reads.iter().chain(writes).map(|b| (*b).clone()).collect();
+                let work: Work = Box::new(move || {
+                    let r = work();
+                    drop(keep);
+                    r
+                });
                 let e = t.submit(deps, work).map_err(|l| lost("nx_kernels::Rig::submit", l))?;
                 for b in reads {
                     b.note_pending(&e, false);
