@@ -237,6 +237,15 @@ impl<T: Element> Array<T> {
         Array::new(layout, rig.alloc(bytes)?)
     }
 
+    /// As [`Array::zeros_on`], in memory of `kind` ([`Rig::alloc_in`]).
+    ///
+    /// # Errors
+    /// As [`Array::zeros_on`].
+    pub fn zeros_in(rig: &Rig, kind: crate::MemoryKind, shape: &[usize]) -> Result<Array<T>> {
+        let (layout, bytes) = Array::<T>::sized("nx_kernels::Array::zeros_in", shape)?;
+        Array::new(layout, rig.alloc_in(kind, bytes)?)
+    }
+
     /// A fresh C-contiguous array of `shape` on `rig` from its pool, for a kernel to write whole:
     /// its elements are unspecified (a reused block's, or zeros; `bool` arrays are zeroed, as no
     /// other bytes are booleans).

@@ -63,6 +63,23 @@ pub enum Access {
     ReadWrite,
 }
 
+/// Where a buffer's memory lies, as the reference's `Rig.Buffer.kind` says.
+///
+/// On host devices (kinds `sim` and `cpu`) every kind is host memory, which the host and every
+/// host device address; a rig's pool keeps the kinds apart all the same, so that a block of one
+/// kind never serves a request for another (as a CUDA device's must: its device memory, its
+/// page-locked host memory and its mapped memory come from different allocators).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum MemoryKind {
+    /// The device's own memory (the default).
+    #[default]
+    Device,
+    /// Host memory, page-locked for the device's copies where its kind has such memory.
+    Host,
+    /// Host memory the device addresses through a mapping.
+    Mapped,
+}
+
 /// Why a buffer died.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Death {
@@ -147,6 +164,7 @@ struct Pending {
 struct Memory {
     raw: Option<Raw>,
     len: usize,
+    kind: MemoryKind,
     /// The pool it came from, which takes it back with the work still pending on it.
     pool: Option<Arc<Pool>>,
     pending: Mutex<Pending>,
@@ -173,7 +191,7 @@ impl Drop for Memory {
             Some(pool) => {
                 let ready: Vec<Event> =
                     p.write.take().into_iter().chain(p.reads.drain(..)).filter(|e| !e.is_ended()).collect();
-                pool.give(raw, ready);
+                pool.give(self.kind, raw, ready);
             }
             // every work that touches memory holds a handle of it ([`Rig::submit`] keeps its
             // buffers): at the last handle's end no work can touch it any more
@@ -253,16 +271,18 @@ impl Buffer {
             device: Some(device.to_string()),
             why: "the system refused".into(),
         })?;
-        let memory = Memory { raw: Some(raw), len: bytes, pool: None, pending: Mutex::default() };
+        let memory =
+            Memory { raw: Some(raw), len: bytes, kind: MemoryKind::Device, pool: None, pending: Mutex::default() };
         Ok(Buffer::from_parts(device, bytes, Access::ReadWrite, Some(Arc::new(memory)), Arc::default(), None))
     }
 
-    /// `bytes` bytes from `rig`'s pool, zeroed where `zeroed` (else their contents are whatever the
-    /// block held: every access follows the work pending on it).
-    pub(crate) fn from_pool(rig: &Rig, bytes: usize, zeroed: bool) -> Result<Buffer> {
+    /// `bytes` bytes of memory of `kind` from `rig`'s pool, zeroed where `zeroed` (else their
+    /// contents are whatever the block held: every access follows the work pending on it).
+    pub(crate) fn from_pool(rig: &Rig, bytes: usize, kind: MemoryKind, zeroed: bool) -> Result<Buffer> {
         let own = rig.last_event();
-        let (raw, ready, fresh) = rig.pool().take(bytes, own.as_ref())?;
-        let memory = Memory { raw: Some(raw), len: bytes, pool: Some(rig.pool().clone()), pending: Mutex::default() };
+        let (raw, ready, fresh) = rig.pool().take(kind, bytes, own.as_ref())?;
+        let memory =
+            Memory { raw: Some(raw), len: bytes, kind, pool: Some(rig.pool().clone()), pending: Mutex::default() };
         {
             let mut p = memory.pending.lock().unwrap_or_else(|e| e.into_inner());
             p.reads = ready;
@@ -336,6 +356,12 @@ impl Buffer {
     /// What the memory admits.
     pub fn access(&self) -> Access {
         self.inner.access
+    }
+
+    /// The kind of the memory ([`MemoryKind::Device`] for memory from [`Buffer::new`]); `None`
+    /// for memory this process does not address ([`Buffer::unaddressed`]).
+    pub fn memory_kind(&self) -> Option<MemoryKind> {
+        self.inner.memory.as_ref().map(|m| m.kind)
     }
 
     /// Whether this process's host addresses the memory.

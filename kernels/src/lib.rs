@@ -23,7 +23,7 @@ pub mod prog;
 pub mod rig;
 
 pub use array::{AnyArray, Array};
-pub use buffer::{Access, Buffer, Death};
+pub use buffer::{Access, Buffer, Death, MemoryKind};
 pub use door::{door, refused, Answer, Operand};
 pub use dtype::convert::{convert, converted};
 pub use dtype::policy::{OpClass, Policy, PolicyChange};

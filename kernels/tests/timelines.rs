@@ -227,3 +227,27 @@ fn random_sizes_keep_the_cache_bounded_under_a_limit() {
     let s = rig.pool_stats();
     assert!(s.reused > s.fresh, "reuse dominates: {s:?}");
 }
+
+#[test]
+fn the_pool_keeps_memory_kinds_apart() {
+    use nx_kernels::MemoryKind;
+    let rig = Rig::host(Device::sim(0)).unwrap();
+    let d = Array::<f32>::zeros_on(&rig, &[1 << 10]).unwrap();
+    assert_eq!(d.buffer().memory_kind(), Some(MemoryKind::Device));
+    drop(d);
+    // a cached Device block of the class never serves a Host or Mapped request
+    for kind in [MemoryKind::Host, MemoryKind::Mapped] {
+        let h = Array::<f32>::zeros_in(&rig, kind, &[1 << 10]).unwrap();
+        assert_eq!(h.buffer().memory_kind(), Some(kind));
+        assert!(h.with_slice(|s| s.iter().all(|&x| x == 0.0)).unwrap());
+    }
+    let s = rig.pool_stats();
+    assert_eq!((s.fresh, s.reused), (3, 0), "{s:?}");
+    // each kind's block serves its own kind again
+    for kind in [MemoryKind::Device, MemoryKind::Host, MemoryKind::Mapped] {
+        drop(Array::<f32>::zeros_in(&rig, kind, &[1 << 10]).unwrap());
+    }
+    let s = rig.pool_stats();
+    assert_eq!((s.fresh, s.reused), (3, 3), "{s:?}");
+    assert_eq!(nx_kernels::Buffer::unaddressed(Device::sim(1), 8).memory_kind(), None);
+}

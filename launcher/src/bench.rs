@@ -4,6 +4,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use nx::kernels::prog::Prog;
+use nx::kernels::rig::{QueueOptions, Rig, RigOptions};
 use nx::kernels::{Array, Contraction, Dtype, Host, Kernels, Reduction};
 use nx::Device;
 use rayon::prelude::*;
@@ -69,6 +70,36 @@ type Error = Box<dyn std::error::Error>;
 /// A timed kernel: its name, the bytes it moves, and the run.
 type Case<'a> = (String, usize, Box<dyn FnMut() + 'a>);
 
+/// Work items a round of the submit measurement queues.
+const SUBMITS: usize = 20_000;
+
+/// The caller's cost of queueing work on a queued rig (median microseconds a submit, each naming
+/// a buffer it writes, over `repeats` rounds of [`SUBMITS`]), and a submit's round trip (queued,
+/// run by the worker, waited for).
+fn submit_cost(dev: Device, repeats: usize) -> Result<Vec<Row>, Error> {
+    let rig = Rig::new(dev, RigOptions { queue: Some(QueueOptions::default()), limit: None })?;
+    let buf = rig.alloc(64)?;
+    let (mut queue, mut trip) = (Vec::new(), Vec::new());
+    for _ in 0..repeats.max(3) {
+        let t = Instant::now();
+        for _ in 0..SUBMITS {
+            rig.submit(&[], &[&buf], Box::new(|| Ok(())))?;
+        }
+        queue.push(t.elapsed().as_secs_f64() * 1e6 / SUBMITS as f64);
+        rig.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..1000 {
+            if let Some(e) = rig.submit(&[], &[&buf], Box::new(|| Ok(())))? {
+                e.wait()?;
+            }
+        }
+        trip.push(t.elapsed().as_secs_f64() * 1e6 / 1000.0);
+    }
+    let row =
+        |name: &str, v: Vec<f64>| Row { name: name.into(), value: median(v), unit: "us", limit: None, ratio: None };
+    Ok(vec![row("submit to a queued rig (caller's cost)", queue), row("submit and wait (round trip)", trip)])
+}
+
 fn numpy_gflops(a: &KernelArgs, repeats: usize) -> Result<(f64, String), String> {
     if a.python == "none" {
         return Err("skipped (--python none)".into());
@@ -109,6 +140,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     }
     let dev = Device::sim(0);
     let host = Host::new();
+    let rig = Rig::host(dev)?;
     let n = a.size;
     let r = a.repeats.max(1);
     let mut rows = Vec::new();
@@ -205,6 +237,24 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
             5 * n * 4,
             Box::new(|| assert_eq!(host.map(&chain, &[n], &[&out, &out2], &[&x, &y, &b]), done)),
         ),
+        (
+            // a new output each run, from the device's caching pool (the block of the last run's)
+            "add, output from the pool each run".into(),
+            3 * n * 4,
+            Box::new(|| {
+                let o = Array::<f32>::uninit_on(&rig, &[n]).expect("pool");
+                assert_eq!(host.map(&add, &[n], &[&o], &[&x, &y]), done);
+            }),
+        ),
+        (
+            // the peer without a pool: a new zeroed output from the system each run
+            "add, output from the system each run (peer)".into(),
+            3 * n * 4,
+            Box::new(|| {
+                let o = Array::<f32>::zeros(dev, &[n]).expect("memory");
+                assert_eq!(host.map(&add, &[n], &[&o], &[&x, &y]), done);
+            }),
+        ),
     ];
     let mut copy_bw = Vec::new();
     let mut values: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
@@ -242,6 +292,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
         });
     }
     drop(cases);
+    rows.extend(submit_cost(dev, r)?);
 
     // Matmuls, interleaved with numpy's so that both see the same machine.
     let m = a.matmul;

@@ -114,6 +114,11 @@ fn bench_kernels_reports_ratios_as_json() {
         assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["unit"], "GB/s");
     }
+    // the pool rows and the submit cost, in microseconds
+    assert!(names.contains(&"add, output from the pool each run"), "{names:?}");
+    let submit = rows.iter().find(|r| r["name"] == "submit to a queued rig (caller's cost)").expect("submit row");
+    assert_eq!(submit["unit"], "us");
+    assert!(submit["value"].as_f64().unwrap() > 0.0, "{submit}");
     // without numpy the matmuls have no limit, and say so with nulls
     assert!(rows.last().unwrap()["limit"].is_null());
 }

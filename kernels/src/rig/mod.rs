@@ -47,7 +47,7 @@ use nx_mesh::Device;
 pub use pool::PoolStats;
 pub use timeline::{Event, Lost, Work};
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, MemoryKind};
 use crate::{Error, Result};
 
 pub(crate) use pool::Pool;
@@ -249,7 +249,15 @@ impl Rig {
     /// limit or where the system refuses; [`Error::Lost`] where the zeroing must follow work of
     /// a lost rig.
     pub fn alloc(&self, bytes: usize) -> Result<Buffer> {
-        Buffer::from_pool(self, bytes, true)
+        Buffer::from_pool(self, bytes, MemoryKind::Device, true)
+    }
+
+    /// As [`Rig::alloc`], of memory of `kind` (a block of one kind never serves another).
+    ///
+    /// # Errors
+    /// As [`Rig::alloc`].
+    pub fn alloc_in(&self, kind: MemoryKind, bytes: usize) -> Result<Buffer> {
+        Buffer::from_pool(self, bytes, kind, true)
     }
 
     /// A buffer of `bytes` bytes from the pool whose contents are unspecified (those of a block
@@ -259,7 +267,7 @@ impl Rig {
     /// # Errors
     /// As [`Rig::alloc`].
     pub fn alloc_uninit(&self, bytes: usize) -> Result<Buffer> {
-        Buffer::from_pool(self, bytes, false)
+        Buffer::from_pool(self, bytes, MemoryKind::Device, false)
     }
 
     pub(crate) fn pool(&self) -> &Arc<Pool> {

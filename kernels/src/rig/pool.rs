@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use nx_mesh::Device;
 
 use super::timeline::Event;
-use crate::buffer::{alloc_raw, free_raw, Raw};
+use crate::buffer::{alloc_raw, free_raw, MemoryKind, Raw};
 use crate::{Error, Result};
 
 /// What a pool holds, in bytes, and how often it went to the system.
@@ -45,7 +45,8 @@ unsafe impl Send for Block {}
 
 #[derive(Default)]
 struct State {
-    free: BTreeMap<usize, Vec<Block>>,
+    /// Cached blocks by kind and class.
+    free: BTreeMap<(MemoryKind, usize), Vec<Block>>,
     stats: PoolStats,
 }
 
@@ -80,7 +81,7 @@ impl Pool {
         self.lock().stats
     }
 
-    /// A block of at least `bytes`, the events its new buffer must follow, and whether it is fresh
+    /// A block of `kind` of at least `bytes`, the events its new buffer must follow, and whether it is fresh
     /// from the system (zero): a cached block of the class (or up to a quarter larger) whose work
     /// is done or lies on `own`'s timeline, else fresh memory (cached blocks released first where
     /// the limit needs room).
@@ -88,7 +89,7 @@ impl Pool {
     /// # Errors
     /// [`Error::OutOfMemory`] naming the device, the request and what is in use, past the limit
     /// or where the system refuses.
-    pub(crate) fn take(&self, bytes: usize, own: Option<&Event>) -> Result<(Raw, Vec<Event>, bool)> {
+    pub(crate) fn take(&self, kind: MemoryKind, bytes: usize, own: Option<&Event>) -> Result<(Raw, Vec<Event>, bool)> {
         let func = "nx_kernels::Rig::alloc";
         let oom = |st: &State, why: &str| Error::OutOfMemory {
             func,
@@ -101,12 +102,14 @@ impl Pool {
         // a cached block: its work done, or ordered before the new buffer's by the timeline
         let usable = |b: &Block| b.ready.iter().all(|e| e.is_ended() || own.is_some_and(|o| o.same_timeline(e)));
         let upper = if c <= 1 << 20 { c } else { c + c / 4 };
-        let found = st.free.range_mut(c..=upper).find_map(|(&k, v)| v.iter().position(usable).map(|i| (k, i)));
-        if let Some((k, i)) = found {
-            let blocks = st.free.get_mut(&k).expect("found above");
+        let found =
+            st.free.range_mut((kind, c)..=(kind, upper)).find_map(|(&k, v)| v.iter().position(usable).map(|i| (k, i)));
+        if let Some((key, i)) = found {
+            let k = key.1;
+            let blocks = st.free.get_mut(&key).expect("found above");
             let b = blocks.swap_remove(i);
             if blocks.is_empty() {
-                st.free.remove(&k);
+                st.free.remove(&key);
             }
             st.stats.cached -= k;
             st.stats.in_use += k;
@@ -144,12 +147,12 @@ impl Pool {
     }
 
     /// Takes back the block of a dead buffer, with the work that may still touch it.
-    pub(crate) fn give(&self, raw: Raw, ready: Vec<Event>) {
+    pub(crate) fn give(&self, kind: MemoryKind, raw: Raw, ready: Vec<Event>) {
         let c = raw.bytes();
         let mut st = self.lock();
         st.stats.in_use -= c;
         st.stats.cached += c;
-        st.free.entry(c).or_default().push(Block { raw, ready });
+        st.free.entry((kind, c)).or_default().push(Block { raw, ready });
     }
 
     /// Gives every cached block whose work is done back to the system; answers the bytes freed.
@@ -166,13 +169,15 @@ fn release_one(st: &mut State) -> bool {
     let found = st
         .free
         .iter()
-        .rev()
-        .find_map(|(&k, v)| v.iter().position(|b| b.ready.iter().all(Event::is_ended)).map(|i| (k, i)));
-    let Some((k, i)) = found else { return false };
-    let blocks = st.free.get_mut(&k).expect("found above");
+        .filter(|(_, v)| v.iter().any(|b| b.ready.iter().all(Event::is_ended)))
+        .max_by_key(|(&(_, c), _)| c)
+        .and_then(|(&key, v)| v.iter().position(|b| b.ready.iter().all(Event::is_ended)).map(|i| (key, i)));
+    let Some((key, i)) = found else { return false };
+    let k = key.1;
+    let blocks = st.free.get_mut(&key).expect("found above");
     let b = blocks.swap_remove(i);
     if blocks.is_empty() {
-        st.free.remove(&k);
+        st.free.remove(&key);
     }
     st.stats.cached -= k;
     st.stats.released += 1;
