@@ -63,3 +63,35 @@ fn every_kind_of_transition_on_queued_devices_gives_the_same_bits() {
     };
     assert_eq!(run(true), run(false));
 }
+
+/// Run in a child process of this test binary (the environment is the process's): `NX_SIM_QUEUED`
+/// chooses queued devices, its absence the host, and a value that is not a delay is refused.
+#[test]
+fn nx_sim_queued_chooses_queued_devices() {
+    const NAME: &str = "nx_sim_queued_chooses_queued_devices";
+    if let Ok(want) = std::env::var("NX_TEST_QUEUED_CHILD") {
+        let r = nx::launch_with(&LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+            Ok((ctx.rig().is_queued(), ctx.rig().timing()))
+        });
+        match want.as_str() {
+            "bad" => {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("NX_SIM_QUEUED=\"soon\" is not a delay in microseconds"), "{e}");
+            }
+            _ => assert_eq!(r.unwrap(), vec![(want == "queued", want.as_str()); 2]),
+        }
+        return;
+    }
+    for (env, want) in [(Some("40"), "queued"), (Some("0"), "queued"), (None, "host"), (Some("soon"), "bad")] {
+        let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+        c.args(["--exact", NAME, "--test-threads=1"]).env("NX_TEST_QUEUED_CHILD", want);
+        match env {
+            Some(v) => c.env("NX_SIM_QUEUED", v),
+            None => c.env_remove("NX_SIM_QUEUED"),
+        };
+        let o = c.output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "NX_SIM_QUEUED={env:?}: {text}{}", String::from_utf8_lossy(&o.stderr));
+        assert!(text.contains("1 passed"), "the child ran the test: {text}");
+    }
+}

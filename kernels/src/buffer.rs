@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nx_mesh::Device;
 
-use crate::rig::{Event, Pool, Rig, Work};
+use crate::rig::{Event, Pool, Rig};
 use crate::{Error, Result};
 
 /// The alignment of host memory, in bytes.
@@ -186,15 +186,10 @@ impl Memory {
 impl Drop for Memory {
     fn drop(&mut self) {
         let Some(raw) = self.raw.take() else { return };
-        let p = self.pending.get_mut().unwrap_or_else(|e| e.into_inner());
+        // every work that touches memory holds a handle of it ([`Rig::submit`] keeps its
+        // buffers): at the last handle's end no work can touch it any more
         match &self.pool {
-            Some(pool) => {
-                let ready: Vec<Event> =
-                    p.write.take().into_iter().chain(p.reads.drain(..)).filter(|e| !e.is_ended()).collect();
-                pool.give(self.kind, raw, ready);
-            }
-            // every work that touches memory holds a handle of it ([`Rig::submit`] keeps its
-            // buffers): at the last handle's end no work can touch it any more
+            Some(pool) => pool.give(self.kind, raw),
             None => free_raw(raw),
         }
     }
@@ -277,36 +272,24 @@ impl Buffer {
     }
 
     /// `bytes` bytes of memory of `kind` from `rig`'s pool, zeroed where `zeroed` (else their
-    /// contents are whatever the block held: every access follows the work pending on it).
+    /// contents are whatever the block held). No work touches a cached block, so a reused one is
+    /// zeroed at once.
     pub(crate) fn from_pool(rig: &Rig, bytes: usize, kind: MemoryKind, zeroed: bool) -> Result<Buffer> {
-        let own = rig.last_event();
-        let (raw, ready, fresh) = rig.pool().take(kind, bytes, own.as_ref())?;
+        let (raw, fresh) = rig.pool().take(kind, bytes)?;
+        if zeroed && !fresh {
+            // SAFETY: the block holds at least `bytes` bytes and nothing else holds or touches it.
+            unsafe { std::ptr::write_bytes(raw.ptr.as_ptr(), 0, bytes) };
+        }
         let memory =
             Memory { raw: Some(raw), len: bytes, kind, pool: Some(rig.pool().clone()), pending: Mutex::default() };
-        {
-            let mut p = memory.pending.lock().unwrap_or_else(|e| e.into_inner());
-            p.reads = ready;
-        }
-        let b = Buffer::from_parts(
+        Ok(Buffer::from_parts(
             rig.device(),
             bytes,
             Access::ReadWrite,
             Some(Arc::new(memory)),
             Arc::default(),
             Some(rig.clone()),
-        );
-        if zeroed && !fresh {
-            let (p, n) = (b.host_ptr().expect("host memory").as_ptr() as usize, bytes);
-            let zero: Work = Box::new(move || {
-                // SAFETY: the buffer's memory holds `n` bytes and lives while this work may run
-                // (the pool takes a block back only with the work pending on it); the work runs
-                // after every earlier access of it.
-                unsafe { std::ptr::write_bytes(p as *mut u8, 0, n) };
-                Ok(())
-            });
-            rig.submit(&[], &[&b], zero)?;
-        }
-        Ok(b)
+        ))
     }
 
     /// A buffer describing `bytes` bytes of memory on `device` that this process does not address

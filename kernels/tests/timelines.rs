@@ -127,9 +127,9 @@ fn freeing_or_donating_a_buffer_while_work_is_pending_keeps_the_work_and_the_reu
     assert_eq!(Host::new().map(&axpy(1.0), &[LEN], &[&y], &[&x, &x]), Answer::Done);
     y.buffer().free().unwrap();
     assert!(y.to_vec().unwrap_err().to_string().contains("freed"));
-    drop(y); // the last handle: the memory goes back to the pool once the work lets it go
-             // the queued work holds y's memory: no new array gets it while the work may write it (a
-             // new one is fresh), and once the work has ended the pool hands it out again
+    // the last handle: the queued work still holds y's memory, so no new array gets it while the
+    // work may write it (a new one is fresh); once the work has run, the pool hands it out again
+    drop(y);
     let z = Array::<f64>::from_vec_on(&slow, &[LEN], vec![7.0; LEN]).unwrap();
     assert_eq!((slow.pool_stats().reused, slow.pool_stats().fresh), (0, 2), "{:?}", slow.pool_stats());
     slow.synchronize().unwrap();
@@ -250,4 +250,82 @@ fn the_pool_keeps_memory_kinds_apart() {
     let s = rig.pool_stats();
     assert_eq!((s.fresh, s.reused), (3, 3), "{s:?}");
     assert_eq!(nx_kernels::Buffer::unaddressed(Device::sim(1), 8).memory_kind(), None);
+}
+
+/// Runs `f` on a thread of its own and answers its result, or fails the test where it has not
+/// ended within `secs` seconds (a hang).
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs)).expect("hung")
+}
+
+#[test]
+fn a_rigs_last_handle_may_end_in_any_devices_work_without_a_hang() {
+    // x on `a`, summed into y by slow work on `b`; `a`'s last handles end while that work is
+    // queued, so they end in `b`'s worker, which must neither wait on its own work nor on `a`'s
+    within(20, || {
+        let a = Rig::queued(Device::sim(0), Duration::ZERO, 1).unwrap();
+        let b = Rig::queued(Device::sim(1), Duration::from_millis(20), 2).unwrap();
+        let x = Array::<f64>::from_vec_on(&a, &[LEN], vec![1.5; LEN]).unwrap();
+        let y = Array::<f64>::zeros_on(&b, &[LEN]).unwrap();
+        assert_eq!(Host::new().map(&axpy(1.0), &[LEN], &[&y], &[&x, &x]), Answer::Done);
+        drop((x, a));
+        assert_eq!(y.to_vec().unwrap(), vec![3.0; LEN]);
+        drop((y, b));
+    });
+    // `a`'s worker waits for work on `b` that holds `a`'s last handle
+    within(20, || {
+        let a = Rig::queued(Device::sim(0), Duration::ZERO, 1).unwrap();
+        let b = Rig::queued(Device::sim(1), Duration::from_millis(20), 2).unwrap();
+        let on_a = a.alloc(64).unwrap();
+        let on_b = b.alloc(64).unwrap();
+        let host = nx_kernels::Buffer::new(Device::sim(0), 64).unwrap();
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r1 = ran.clone();
+        b.submit(&[&on_a], &[&on_b], Box::new(move || Ok(drop(r1.fetch_add(1, std::sync::atomic::Ordering::SeqCst)))))
+            .unwrap();
+        let r2 = ran.clone();
+        let e = a
+            .submit(
+                &[&on_b],
+                &[&host],
+                Box::new(move || Ok(drop(r2.fetch_add(10, std::sync::atomic::Ordering::SeqCst)))),
+            )
+            .unwrap()
+            .expect("queued");
+        drop((on_a, a));
+        e.wait().unwrap();
+        host.wait().unwrap();
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 11, "both ran, in order");
+    });
+    // a rig whose last handle is held by its own queued work: the work runs, then the worker ends
+    within(20, || {
+        let c = Rig::queued(Device::sim(2), Duration::from_millis(10), 3).unwrap();
+        let x = Array::<f64>::zeros_on(&c, &[LEN]).unwrap();
+        let src = Array::<f64>::from_vec(Device::sim(2), &[LEN], vec![2.0; LEN]).unwrap();
+        assert_eq!(Host::new().map(&axpy(0.0), &[LEN], &[&x], &[&src, &src]), Answer::Done);
+        let event_of_x = x.borrow(&Rig::host(Device::sim(2)).unwrap()).unwrap().expect("host memory");
+        drop((x, c));
+        assert_eq!(event_of_x.to_vec().unwrap(), vec![2.0; LEN]);
+    });
+}
+
+#[test]
+fn a_lost_device_never_runs_work_waiting_out_its_delay() {
+    let rig = Rig::queued(Device::sim(3), Duration::from_millis(200), 9).unwrap();
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = ran.clone();
+    let buf = rig.alloc(8).unwrap();
+    let e = rig
+        .submit(&[], &[&buf], Box::new(move || Ok(r.store(true, std::sync::atomic::Ordering::SeqCst))))
+        .unwrap()
+        .expect("queued");
+    // lost while the item waits out its delay (this seed's first draw is past 30 ms of 200)
+    std::thread::sleep(Duration::from_millis(30));
+    rig.lose("pulled");
+    assert!(e.wait().is_err());
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "the work of a lost device ran");
 }

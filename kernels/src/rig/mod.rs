@@ -10,11 +10,15 @@
 //! another timeline waited for first); every host access of a buffer (reading its elements,
 //! lending them, transferring them) waits for the work pending on its memory first
 //! ([`crate::Buffer::wait`]). A rig whose work fails or panics is lost ([`Lost`]): that work and
-//! everything that must follow it fail, and no wait hangs.
+//! every later work of the rig fail, and so does every access that must follow them; a rig whose
+//! work must follow lost work is lost too (it can no longer vouch for what its buffers hold, as a
+//! CUDA error ends its context). No wait hangs, and a rig's last handle may end on any thread,
+//! a worker's included: its worker finishes the work left and ends on its own.
 //!
-//! Buffers come from the rig's caching pool ([`Rig::alloc`]): size classes, a block reused once
-//! the work pending on it allows (at once for the rig's own timeline, stream-ordered), a memory
-//! limit passed explicitly ([`RigOptions::limit`]), and statistics ([`PoolStats`]).
+//! Buffers come from the rig's caching pool ([`Rig::alloc`]): size classes, kinds of memory kept
+//! apart ([`crate::MemoryKind`]), a memory limit passed explicitly ([`RigOptions::limit`]), and
+//! statistics ([`PoolStats`]). Submitted work holds its buffers until it has run, so a block
+//! returns to the cache only once no work touches it, and is reused at once.
 //!
 //! # Examples
 //!
@@ -217,8 +221,9 @@ impl Rig {
         }
     }
 
-    /// Loses the rig (a device that stopped answering): its pending work fails, and so does
-    /// every later submission and every access that must follow them. The host rig cannot be
+    /// Loses the rig (a device that stopped answering): its work that has not started fails
+    /// (an item waiting out its delay included; one running ends first), and so does every later
+    /// submission and every access that must follow them. The host rig cannot be
     /// lost (its work ran already).
     pub fn lose(&self, why: &str) {
         if let Some(t) = &self.inner.timeline {
@@ -241,13 +246,11 @@ impl Rig {
         self.inner.pool.trim()
     }
 
-    /// A buffer of `bytes` zeroed bytes from the pool (zeroed on the timeline where a reused
-    /// block's work is still pending: every access of the buffer follows it).
+    /// A buffer of `bytes` zeroed bytes from the pool.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] naming the device, the request and what is in use, past the
-    /// limit or where the system refuses; [`Error::Lost`] where the zeroing must follow work of
-    /// a lost rig.
+    /// limit or where the system refuses.
     pub fn alloc(&self, bytes: usize) -> Result<Buffer> {
         Buffer::from_pool(self, bytes, MemoryKind::Device, true)
     }
@@ -272,11 +275,6 @@ impl Rig {
 
     pub(crate) fn pool(&self) -> &Arc<Pool> {
         &self.inner.pool
-    }
-
-    /// The event of the last work queued (for stream-ordered reuse).
-    pub(crate) fn last_event(&self) -> Option<Event> {
-        self.inner.timeline.as_ref().and_then(Timeline::last)
     }
 }
 

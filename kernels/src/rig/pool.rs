@@ -1,19 +1,22 @@
-//! A device's caching pool: host memory in size classes, kept when a buffer dies and handed to a
-//! later allocation of its class once the work pending on it allows — at once for work of the
-//! allocating device's own timeline (stream-ordered reuse, as PyTorch's caching allocator and
-//! `cudaMallocAsync` do: the new buffer's work queues after it), after that work otherwise (the new
-//! buffer inherits the events, and every access of it follows them). A limit refuses what a card
-//! of that size would; cached blocks are released first.
+//! A device's caching pool: host memory in size classes, kept when a buffer's memory ends and
+//! handed to a later allocation of its class.
 //!
-//! Classes: 512 bytes and up in powers of two below 1 MiB, then multiples of 2 MiB (the huge-page
-//! size); a request takes a block of its class or of up to a quarter more.
+//! A block enters the cache only once no work can touch it: work submitted to a rig holds its
+//! buffers until it has run ([`super::Rig::submit`]), so the last handle of a memory ends after
+//! the last work on it, and a cached block is reused at once, by any device's work. (PyTorch's
+//! caching allocator and `cudaMallocAsync` also hand a block freed with work still queued on it to
+//! later work of the same stream; here such a block returns to the cache when that work has run.)
+//! Kinds of memory ([`MemoryKind`]) are cached apart. A limit refuses what a card of that size
+//! would; cached blocks are released first.
+//!
+//! Classes: 512 bytes and up in powers of two up to 1 MiB, then multiples of 2 MiB (the huge-page
+//! size); a request takes a block of its class, or past 1 MiB of up to a quarter more.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nx_mesh::Device;
 
-use super::timeline::Event;
 use crate::buffer::{alloc_raw, free_raw, MemoryKind, Raw};
 use crate::{Error, Result};
 
@@ -34,10 +37,9 @@ pub struct PoolStats {
     pub released: usize,
 }
 
-/// A cached block and the work that may still touch it.
+/// A cached block: memory no buffer holds and no work touches.
 struct Block {
     raw: Raw,
-    ready: Vec<Event>,
 }
 
 // SAFETY: a cached block is memory no buffer holds; only the pool touches it, under its lock.
@@ -81,15 +83,14 @@ impl Pool {
         self.lock().stats
     }
 
-    /// A block of `kind` of at least `bytes`, the events its new buffer must follow, and whether it is fresh
-    /// from the system (zero): a cached block of the class (or up to a quarter larger) whose work
-    /// is done or lies on `own`'s timeline, else fresh memory (cached blocks released first where
-    /// the limit needs room).
+    /// A block of `kind` of at least `bytes`, and whether it is fresh from the system (zero): a
+    /// cached block of the class (past 1 MiB, of up to a quarter more), else fresh memory (cached
+    /// blocks released first where the limit needs room).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] naming the device, the request and what is in use, past the limit
     /// or where the system refuses.
-    pub(crate) fn take(&self, kind: MemoryKind, bytes: usize, own: Option<&Event>) -> Result<(Raw, Vec<Event>, bool)> {
+    pub(crate) fn take(&self, kind: MemoryKind, bytes: usize) -> Result<(Raw, bool)> {
         let func = "nx_kernels::Rig::alloc";
         let oom = |st: &State, why: &str| Error::OutOfMemory {
             func,
@@ -99,15 +100,12 @@ impl Pool {
         };
         let mut st = self.lock();
         let Some(c) = class(bytes) else { return Err(oom(&st, "no class holds it")) };
-        // a cached block: its work done, or ordered before the new buffer's by the timeline
-        let usable = |b: &Block| b.ready.iter().all(|e| e.is_ended() || own.is_some_and(|o| o.same_timeline(e)));
         let upper = if c <= 1 << 20 { c } else { c + c / 4 };
-        let found =
-            st.free.range_mut((kind, c)..=(kind, upper)).find_map(|(&k, v)| v.iter().position(usable).map(|i| (k, i)));
-        if let Some((key, i)) = found {
+        let found = st.free.range((kind, c)..=(kind, upper)).next().map(|(&key, _)| key);
+        if let Some(key) = found {
             let k = key.1;
             let blocks = st.free.get_mut(&key).expect("found above");
-            let b = blocks.swap_remove(i);
+            let b = blocks.pop().expect("classes in the map hold blocks");
             if blocks.is_empty() {
                 st.free.remove(&key);
             }
@@ -115,10 +113,9 @@ impl Pool {
             st.stats.in_use += k;
             st.stats.peak = st.stats.peak.max(st.stats.in_use);
             st.stats.reused += 1;
-            let ready = b.ready.into_iter().filter(|e| !e.is_ended()).collect();
-            return Ok((b.raw, ready, false));
+            return Ok((b.raw, false));
         }
-        // fresh memory, under the limit: cached blocks whose work is done go first
+        // fresh memory, under the limit: cached blocks go first
         if let Some(limit) = self.limit {
             if st.stats.in_use.saturating_add(c) > limit {
                 return Err(oom(&st, &format!("past the limit of {limit} B")));
@@ -129,7 +126,7 @@ impl Pool {
                 }
             }
             if st.stats.in_use + st.stats.cached + c > limit {
-                return Err(oom(&st, &format!("past the limit of {limit} B, the cache busy")));
+                return Err(oom(&st, &format!("past the limit of {limit} B")));
             }
         }
         let raw = match alloc_raw(c) {
@@ -143,19 +140,19 @@ impl Pool {
         st.stats.in_use += c;
         st.stats.peak = st.stats.peak.max(st.stats.in_use);
         st.stats.fresh += 1;
-        Ok((raw, Vec::new(), true))
+        Ok((raw, true))
     }
 
-    /// Takes back the block of a dead buffer, with the work that may still touch it.
-    pub(crate) fn give(&self, kind: MemoryKind, raw: Raw, ready: Vec<Event>) {
+    /// Takes back the block of a memory whose last handle ended (no work touches it any more).
+    pub(crate) fn give(&self, kind: MemoryKind, raw: Raw) {
         let c = raw.bytes();
         let mut st = self.lock();
         st.stats.in_use -= c;
         st.stats.cached += c;
-        st.free.entry((kind, c)).or_default().push(Block { raw, ready });
+        st.free.entry((kind, c)).or_default().push(Block { raw });
     }
 
-    /// Gives every cached block whose work is done back to the system; answers the bytes freed.
+    /// Gives every cached block back to the system; answers the bytes freed.
     pub(crate) fn trim(&self) -> usize {
         let mut st = self.lock();
         let before = st.stats.cached;
@@ -164,36 +161,26 @@ impl Pool {
     }
 }
 
-/// Gives the largest cached block whose work is done back to the system; `false` for none.
+/// Gives the largest cached block back to the system; `false` for none.
 fn release_one(st: &mut State) -> bool {
-    let found = st
-        .free
-        .iter()
-        .filter(|(_, v)| v.iter().any(|b| b.ready.iter().all(Event::is_ended)))
-        .max_by_key(|(&(_, c), _)| c)
-        .and_then(|(&key, v)| v.iter().position(|b| b.ready.iter().all(Event::is_ended)).map(|i| (key, i)));
-    let Some((key, i)) = found else { return false };
-    let k = key.1;
+    let Some((&key, _)) = st.free.iter().max_by_key(|(&(_, c), _)| c) else { return false };
     let blocks = st.free.get_mut(&key).expect("found above");
-    let b = blocks.swap_remove(i);
+    let b = blocks.pop().expect("classes in the map hold blocks");
     if blocks.is_empty() {
         st.free.remove(&key);
     }
-    st.stats.cached -= k;
+    st.stats.cached -= key.1;
     st.stats.released += 1;
     free_raw(b.raw);
     true
 }
 
 impl Drop for Pool {
+    /// Frees the cached blocks, which no work touches; never waits.
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         for (_, blocks) in std::mem::take(&mut st.free) {
             for b in blocks {
-                // a dying pool's blocks: their work ended with the timeline before it
-                for e in &b.ready {
-                    let _ = e.wait();
-                }
                 free_raw(b.raw);
             }
         }

@@ -146,12 +146,13 @@ impl Timeline {
     /// # Errors
     /// [`Lost`] where the device is lost already (nothing is queued).
     pub(crate) fn submit(&self, deps: Vec<Event>, work: Work) -> Result<Event, Lost> {
-        let delay = self.draw();
         let q = &*self.queue;
         let mut st = lock(&q.state);
         if let Some((_, why)) = &st.lost {
             return Err(Lost { device: q.device, why: why.clone() });
         }
+        // drawn under the queue's lock: the n-th item submitted gets the n-th draw
+        let delay = self.draw();
         st.submitted += 1;
         let seq = st.submitted;
         st.items.push_back(Item { seq, deps, delay, work });
@@ -204,16 +205,14 @@ impl Timeline {
 }
 
 impl Drop for Timeline {
-    /// Stops the worker once its queue is empty, and waits for it — unless this is the worker
-    /// itself (its last item held the last handle of the rig): it then ends on its own.
+    /// Stops the worker once its queue is empty, without waiting for it: the last handle of a rig
+    /// may end on any thread, its own worker's or another rig's included (an item's buffers name
+    /// their rigs), and a worker waiting on that thread's work would never end. The items left
+    /// hold their buffers and run; the worker then ends on its own.
     fn drop(&mut self) {
         lock(&self.queue.state).stop = true;
         self.queue.work.notify_one();
-        if let Some(w) = self.worker.take() {
-            if w.thread().id() != std::thread::current().id() {
-                let _ = w.join();
-            }
-        }
+        drop(self.worker.take());
     }
 }
 
@@ -234,10 +233,11 @@ fn run(q: &Queue) {
         };
         // the events it must follow, on any timeline
         let mut failed = item.deps.iter().find_map(|d| d.wait().err()).map(|l| format!("it must follow work on {}", l));
+        if !item.delay.is_zero() && failed.is_none() {
+            std::thread::sleep(item.delay);
+        }
+        // a device lost before the item runs (its delay included) never runs it
         if failed.is_none() && lock(&q.state).lost.is_none() {
-            if !item.delay.is_zero() {
-                std::thread::sleep(item.delay);
-            }
             failed = match std::panic::catch_unwind(AssertUnwindSafe(item.work)) {
                 Ok(Ok(())) => None,
                 Ok(Err(why)) => Some(why),
