@@ -3,9 +3,11 @@
 //! run at once; work on freed memory, donated memory and a lost device; the pool's reuse, limit
 //! and statistics.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use nx_kernels::rig::{QueueOptions, Rig, RigOptions};
+use nx_kernels::rig::{QueueOptions, Rig, RigOptions, Work};
 use nx_kernels::{Answer, Array, Dtype, Error, Host, Kernels, Prog};
 use nx_mesh::Device;
 
@@ -283,23 +285,22 @@ fn a_rigs_last_handle_may_end_in_any_devices_work_without_a_hang() {
         let on_a = a.alloc(64).unwrap();
         let on_b = b.alloc(64).unwrap();
         let host = nx_kernels::Buffer::new(Device::sim(0), 64).unwrap();
-        let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let ran = Arc::new(AtomicUsize::new(0));
         let r1 = ran.clone();
-        b.submit(&[&on_a], &[&on_b], Box::new(move || Ok(drop(r1.fetch_add(1, std::sync::atomic::Ordering::SeqCst)))))
-            .unwrap();
+        let first: Work = Box::new(move || {
+            r1.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        });
+        b.submit(&[&on_a], &[&on_b], first).unwrap();
         let r2 = ran.clone();
         let e = a
-            .submit(
-                &[&on_b],
-                &[&host],
-                Box::new(move || Ok(drop(r2.fetch_add(10, std::sync::atomic::Ordering::SeqCst)))),
-            )
+            .submit(&[&on_b], &[&host], Box::new(move || Ok(drop(r2.fetch_add(10, Ordering::SeqCst)))))
             .unwrap()
             .expect("queued");
         drop((on_a, a));
         e.wait().unwrap();
         host.wait().unwrap();
-        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 11, "both ran, in order");
+        assert_eq!(ran.load(Ordering::SeqCst), 11, "both ran, in order");
     });
     // a rig whose last handle is held by its own queued work: the work runs, then the worker ends
     within(20, || {
@@ -316,16 +317,17 @@ fn a_rigs_last_handle_may_end_in_any_devices_work_without_a_hang() {
 #[test]
 fn a_lost_device_never_runs_work_waiting_out_its_delay() {
     let rig = Rig::queued(Device::sim(3), Duration::from_millis(200), 9).unwrap();
-    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
     let buf = rig.alloc(8).unwrap();
-    let e = rig
-        .submit(&[], &[&buf], Box::new(move || Ok(r.store(true, std::sync::atomic::Ordering::SeqCst))))
-        .unwrap()
-        .expect("queued");
+    let work: Work = Box::new(move || {
+        r.store(true, Ordering::SeqCst);
+        Ok(())
+    });
+    let e = rig.submit(&[], &[&buf], work).unwrap().expect("queued");
     // lost while the item waits out its delay (this seed's first draw is past 30 ms of 200)
     std::thread::sleep(Duration::from_millis(30));
     rig.lose("pulled");
     assert!(e.wait().is_err());
-    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "the work of a lost device ran");
+    assert!(!ran.load(Ordering::SeqCst), "the work of a lost device ran");
 }
