@@ -293,10 +293,11 @@ fn a_rigs_last_handle_may_end_in_any_devices_work_without_a_hang() {
         });
         b.submit(&[&on_a], &[&on_b], first).unwrap();
         let r2 = ran.clone();
-        let e = a
-            .submit(&[&on_b], &[&host], Box::new(move || Ok(drop(r2.fetch_add(10, Ordering::SeqCst)))))
-            .unwrap()
-            .expect("queued");
+        let second: Work = Box::new(move || {
+            r2.fetch_add(10, Ordering::SeqCst);
+            Ok(())
+        });
+        let e = a.submit(&[&on_b], &[&host], second).unwrap().expect("queued");
         drop((on_a, a));
         e.wait().unwrap();
         host.wait().unwrap();
