@@ -9,7 +9,6 @@
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nx_mesh::Device;
@@ -117,10 +116,10 @@ impl Event {
     }
 }
 
-/// A queued timeline and its worker, which ends once the timeline is dropped and its work done.
+/// A queued timeline. Its worker runs detached and ends once the timeline is dropped and its work
+/// done.
 pub(crate) struct Timeline {
     queue: Arc<Queue>,
-    worker: Option<JoinHandle<()>>,
     /// Per-item delays: at most this long, drawn from `seed`.
     delay: Duration,
     draws: Mutex<u64>,
@@ -137,8 +136,9 @@ impl Timeline {
             ended: Condvar::new(),
         });
         let q = queue.clone();
-        let worker = std::thread::Builder::new().name(format!("nx-timeline-{device}")).spawn(move || run(&q))?;
-        Ok(Timeline { queue, worker: Some(worker), delay, draws: Mutex::new(seed) })
+        // detached: see `Drop`
+        std::thread::Builder::new().name(format!("nx-timeline-{device}")).spawn(move || run(&q))?;
+        Ok(Timeline { queue, delay, draws: Mutex::new(seed) })
     }
 
     /// Queues `work` after the events `deps`; answers its event.
@@ -212,7 +212,6 @@ impl Drop for Timeline {
     fn drop(&mut self) {
         lock(&self.queue.state).stop = true;
         self.queue.work.notify_one();
-        drop(self.worker.take());
     }
 }
 
