@@ -133,6 +133,8 @@ impl Communicator for Comm {
 
 struct Inner<'d> {
     comm: Comm,
+    /// The sub-communicators `place` meets in, split once.
+    groups: nx_collectives::Groups<Comm>,
     devices: Devices<'d>,
     index: usize,
     host: Host,
@@ -182,6 +184,11 @@ impl<'d> Ctx<'d> {
     /// The communicator over the world.
     pub fn comm(&self) -> &Comm {
         &self.inner.comm
+    }
+
+    /// The sub-communicators of the groups [`crate::Tensor::place`] has met in, split once.
+    pub(crate) fn groups(&self) -> &nx_collectives::Groups<Comm> {
+        &self.inner.groups
     }
 
     /// The host kernel library this rank computes with.
@@ -339,6 +346,7 @@ where
             let ctx = Ctx {
                 inner: Rc::new(Inner {
                     comm: Comm::Sim(comm),
+                    groups: Default::default(),
                     devices,
                     index,
                     host: Host::new(),
@@ -366,7 +374,17 @@ where
         Devices::with(list, |devices| {
             // ranks may share a host: one rayon thread each keeps them from oversubscribing it
             let host = Host::with_threads(1)?;
-            let ctx = Ctx { inner: Rc::new(Inner { comm: Comm::Mpi(comm), devices, index, host, rig, auto_place }) };
+            let ctx = Ctx {
+                inner: Rc::new(Inner {
+                    comm: Comm::Mpi(comm),
+                    groups: Default::default(),
+                    devices,
+                    index,
+                    host,
+                    rig,
+                    auto_place,
+                }),
+            };
             body(&ctx)
         })
         .map_err(nx_placement::Error::from)?

@@ -254,13 +254,24 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// As [`Tensor::plan`]; any collective's error.
     pub fn place(&self, to: &Placement<'d>) -> Result<Self> {
         let plan = self.plan(to)?;
-        let data = match &self.local {
-            Some(a) => Some(a.to_vec()?),
-            None => None,
+        let (comm, groups, rig) = (self.ctx.comm(), self.ctx.groups(), self.ctx.rig());
+        // the window read where it lies (a strided one copied dense first, in the pool); outputs
+        // and messages from the pool
+        let out = match &self.local {
+            Some(a) => {
+                let dense;
+                let a = if a.layout().is_contiguous() {
+                    a
+                } else {
+                    dense = a.copy()?;
+                    &dense
+                };
+                a.with_slice(|s| nx_collectives::place_in(comm, groups, &plan, Some(s), rig))??
+            }
+            None => nx_collectives::place_in(comm, groups, &plan, None, rig)?,
         };
-        let out = nx_collectives::place(self.ctx.comm(), &plan, data)?;
         let local = match (out, to.window(&self.shape, self.ctx.index())?) {
-            (Some(d), Some(w)) => Some(Array::from_vec_on(self.ctx.rig(), &window_shape(&w), d)?),
+            (Some(d), Some(w)) => Some(d.into_array(&window_shape(&w))?),
             _ => None,
         };
         Ok(Tensor { ctx: self.ctx.clone(), shape: self.shape.clone(), placement: to.clone(), local })

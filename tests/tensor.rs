@@ -330,3 +330,32 @@ mod random {
         }
     }
 }
+
+#[test]
+fn place_reads_a_strided_window_and_runs_warm_from_the_pool() {
+    // each rank's window of a split(0) [7, 5] value given as the transpose of a [5, rows] array
+    launch_with(&opts(3), |ctx| {
+        let p = Placement::split(0, ctx.devices())?;
+        let w = p.window(&[7, 5], ctx.index())?.expect("split gives every device a window");
+        let (lo, rows) = (w[0].start, w[0].len());
+        let f = |i: usize, j: usize| (i * 10 + j) as f32;
+        let t = nx::kernels::Array::<f32>::from_fn_on(ctx.rig(), &[5, rows], |ix| f(lo + ix[1], ix[0]))?;
+        let view = t.apply(&nx::kernels::Move::Permute(vec![1, 0]))?.expect("a view");
+        assert!(!view.layout().is_contiguous());
+        let x = Tensor::from_local(ctx, &[7, 5], &p, Some(view))?;
+        let want: Vec<f32> = (0..7).flat_map(|i| (0..5).map(move |j| f(i, j))).collect();
+        assert_eq!(x.full()?.to_vec()?, want);
+        // warm: placing again takes every buffer from the rig's cache
+        let y = Tensor::from_fn(ctx, &[7, 5], &p, |i| f(i[0], i[1]))?;
+        let to = Placement::split(1, ctx.devices())?;
+        drop(y.place(&to)?.full()?);
+        let fresh = ctx.rig().pool_stats().fresh;
+        for _ in 0..3 {
+            let z = y.place(&to)?.full()?;
+            assert_eq!(z.to_vec()?, want);
+        }
+        assert_eq!(ctx.rig().pool_stats().fresh, fresh, "{:?}", ctx.rig().pool_stats());
+        Ok(())
+    })
+    .unwrap();
+}

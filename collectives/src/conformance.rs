@@ -7,14 +7,30 @@
 use half::bf16;
 use nx_placement::{plan, region, Device, Devices, Mesh, PlacementSpec};
 
-use crate::{place, Communicator, Error, ReduceOp, Result};
+use crate::{place_in, Alloc, Communicator, Error, Groups, Heap, ReduceOp, Result};
+
+/// The element types the suite moves; an allocator of them all gives its buffers.
+pub trait Buffers:
+    Alloc<f32> + Alloc<f64> + Alloc<i32> + Alloc<u8> + Alloc<u16> + Alloc<u32> + Alloc<u64> + Alloc<bf16>
+{
+}
+
+impl<A> Buffers for A where
+    A: Alloc<f32> + Alloc<f64> + Alloc<i32> + Alloc<u8> + Alloc<u16> + Alloc<u32> + Alloc<u64> + Alloc<bf16>
+{
+}
+
+/// `len` zeros of `T` from `alloc`.
+fn zeros<T, A: Alloc<T>>(alloc: &A, len: usize) -> Result<A::Buf> {
+    alloc.zeroed(len)
+}
 
 /// Rank r's input of `len` elements: distinct, inexact values.
 pub fn input(r: usize, len: usize) -> Vec<f32> {
     (0..len).map(|i| ((r * 7919 + i * 104_729) % 10_007) as f32 / 977.0 - 5.0).collect()
 }
 
-fn check<T: PartialEq + std::fmt::Debug>(what: &str, rank: usize, got: &T, want: &T) -> Result<()> {
+fn check<T: PartialEq + std::fmt::Debug + ?Sized>(what: &str, rank: usize, got: &T, want: &T) -> Result<()> {
     if got == want {
         Ok(())
     } else {
@@ -25,21 +41,31 @@ fn check<T: PartialEq + std::fmt::Debug>(what: &str, rank: usize, got: &T, want:
     }
 }
 
-/// Runs every collective on `c` with uneven counts and empty buffers, and checks each result.
+/// Runs every collective on `c` with uneven counts and empty buffers, and checks each result;
+/// outputs are fresh vectors ([`suite_in`] takes them from a device's pool).
 ///
 /// # Errors
 /// [`Error::Invalid`] describing the first wrong result; any error of the collectives.
 pub fn suite<C: Communicator>(c: &C) -> Result<()> {
+    suite_in(c, &Heap)
+}
+
+/// [`suite`] with every output buffer and `place`'s memory from `alloc` (a rig's pool: a
+/// device's memory, reused blocks holding what earlier calls left in them).
+///
+/// # Errors
+/// As [`suite`].
+pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     let (n, r) = (c.size(), c.rank());
     let len = 3 * n + 1; // uneven on purpose
     let mine = input(r, len);
-    let mut got = vec![0f32; len];
+    let mut got = zeros::<f32, _>(alloc, len)?;
     c.all_reduce(&mine, &mut got, ReduceOp::Sum)?;
     let want: Vec<f32> = (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc + input(q, len)[i])).collect();
     check("all_reduce sum", r, &bits(&got), &bits(&want))?;
     c.all_reduce(&mine, &mut got, ReduceOp::Max)?;
     let want: Vec<f32> = (0..len).map(|i| (0..n).map(|q| input(q, len)[i]).fold(f32::NEG_INFINITY, f32::max)).collect();
-    check("all_reduce max", r, &got, &want)?;
+    check("all_reduce max", r, &got[..], &want[..])?;
     // the product, each step rounded, and the least, in term order
     c.all_reduce(&mine, &mut got, ReduceOp::Prod)?;
     let want: Vec<f32> = (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc * input(q, len)[i])).collect();
@@ -73,7 +99,7 @@ pub fn suite<C: Communicator>(c: &C) -> Result<()> {
     let ints = |q: usize| -> Vec<i32> {
         (0..len).map(|i| ((q * 7919 + i * 104_729) % 10_007) as i32 * 214_013 - 1_070_000_000).collect()
     };
-    let mut gi = vec![0i32; len];
+    let mut gi = zeros::<i32, _>(alloc, len)?;
     for (op, name) in [(ReduceOp::Sum, "sum"), (ReduceOp::Prod, "prod"), (ReduceOp::Min, "min"), (ReduceOp::Max, "max")]
     {
         c.all_reduce(&ints(r), &mut gi, op)?;
@@ -90,21 +116,21 @@ pub fn suite<C: Communicator>(c: &C) -> Result<()> {
                 })
             })
             .collect();
-        check(&format!("all_reduce i32 {name}"), r, &gi, &want)?;
+        check(&format!("all_reduce i32 {name}"), r, &gi[..], &want[..])?;
     }
     let bytes = |q: usize| -> Vec<u8> { (0..len).map(|i| ((q * 31 + i * 7) % 253 + 2) as u8).collect() };
-    let mut gb = vec![0u8; len];
+    let mut gb = zeros::<u8, _>(alloc, len)?;
     c.all_reduce(&bytes(r), &mut gb, ReduceOp::Prod)?;
     let want: Vec<u8> = (0..len)
         .map(|i| (1..n).fold(bytes(0)[i], |acc, q| (u32::from(acc) * u32::from(bytes(q)[i]) % 256) as u8))
         .collect();
-    check("all_reduce u8 prod", r, &gb, &want)?;
+    check("all_reduce u8 prod", r, &gb[..], &want[..])?;
     c.all_reduce(&bytes(r), &mut gb, ReduceOp::Min)?;
     let want: Vec<u8> = (0..len).map(|i| (0..n).map(|q| bytes(q)[i]).fold(u8::MAX, u8::min)).collect();
-    check("all_reduce u8 min", r, &gb, &want)?;
+    check("all_reduce u8 min", r, &gb[..], &want[..])?;
     // halves add in f32 and round once
     let halves: Vec<bf16> = mine.iter().map(|&x| bf16::from_f32(x)).collect();
-    let mut hs = vec![bf16::ZERO; len];
+    let mut hs = zeros::<bf16, _>(alloc, len)?;
     c.all_reduce(&halves, &mut hs, ReduceOp::Sum)?;
     let want: Vec<bf16> = (0..len)
         .map(|i| {
@@ -113,41 +139,41 @@ pub fn suite<C: Communicator>(c: &C) -> Result<()> {
             nx_kernels::dtype::convert::f32_to_bf16(s)
         })
         .collect();
-    check("all_reduce bf16", r, &hs, &want)?;
+    check("all_reduce bf16", r, &hs[..], &want[..])?;
     // reduce-scatter, uneven: rank q keeps q + 1 elements
     let counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
     let total: usize = counts.iter().sum();
-    let mut part = vec![0f32; counts[r]];
+    let mut part = zeros::<f32, _>(alloc, counts[r])?;
     c.reduce_scatter_v(&input(r, total), &mut part, &counts, ReduceOp::Sum)?;
     let off: usize = counts[..r].iter().sum();
     let want: Vec<f32> =
         (0..counts[r]).map(|i| (1..n).fold(input(0, total)[off + i], |a, q| a + input(q, total)[off + i])).collect();
     check("reduce_scatter", r, &bits(&part), &bits(&want))?;
-    let mut ip = vec![0i32; counts[r]];
+    let mut ip = zeros::<i32, _>(alloc, counts[r])?;
     let ints = |q: usize| -> Vec<i32> { input(q, total).iter().map(|&x| (x * 1000.0) as i32).collect() };
     c.reduce_scatter_v(&ints(r), &mut ip, &counts, ReduceOp::Min)?;
     let want: Vec<i32> = (0..counts[r]).map(|i| (0..n).map(|q| ints(q)[off + i]).fold(i32::MAX, i32::min)).collect();
-    check("reduce_scatter i32 min", r, &ip, &want)?;
+    check("reduce_scatter i32 min", r, &ip[..], &want[..])?;
     c.reduce_scatter_v(&ints(r), &mut ip, &counts, ReduceOp::Prod)?;
     let want: Vec<i32> = (0..counts[r])
         .map(|i| (1..n).fold(ints(0)[off + i], |a, q| (i64::from(a) * i64::from(ints(q)[off + i])) as i32))
         .collect();
-    check("reduce_scatter i32 prod", r, &ip, &want)?;
+    check("reduce_scatter i32 prod", r, &ip[..], &want[..])?;
     // all-gather, uneven: rank q sends q elements (rank 0 none)
     let counts: Vec<usize> = (0..n).collect();
-    let mut all = vec![0i32; counts.iter().sum()];
+    let mut all = zeros::<i32, _>(alloc, counts.iter().sum())?;
     let send: Vec<i32> = (0..r).map(|i| (r * 100 + i) as i32).collect();
     c.all_gather_v(&send, &mut all, &counts)?;
     let want: Vec<i32> = (0..n).flat_map(|q| (0..q).map(move |i| (q * 100 + i) as i32)).collect();
-    check("all_gather", r, &all, &want)?;
+    check("all_gather", r, &all[..], &want[..])?;
     // all-to-all, variable: rank r sends (r + j) % 3 elements to rank j
     let send_counts: Vec<usize> = (0..n).map(|j| (r + j) % 3).collect();
     let recv_counts: Vec<usize> = (0..n).map(|i| (i + r) % 3).collect();
     let send: Vec<u16> = (0..n).flat_map(|j| (0..(r + j) % 3).map(move |k| (r * 64 + j * 8 + k) as u16)).collect();
-    let mut recv = vec![0u16; recv_counts.iter().sum()];
+    let mut recv = zeros::<u16, _>(alloc, recv_counts.iter().sum())?;
     c.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
     let want: Vec<u16> = (0..n).flat_map(|i| (0..(i + r) % 3).map(move |k| (i * 64 + r * 8 + k) as u16)).collect();
-    check("all_to_all", r, &recv, &want)?;
+    check("all_to_all", r, &recv[..], &want[..])?;
     // broadcast from the last rank
     let mut b: Vec<f64> = if r == n - 1 { vec![1.5, -2.0, 3.25] } else { vec![0.0; 3] };
     c.broadcast(&mut b, n - 1)?;
@@ -178,31 +204,31 @@ pub fn suite<C: Communicator>(c: &C) -> Result<()> {
     }
     c.barrier()?;
     c.all_reduce::<f32>(&[], &mut [], ReduceOp::Sum)?;
-    large(c)?;
-    places(c)
+    large(c, alloc)?;
+    places_in(c, &Groups::new(), alloc)
 }
 
 /// Collectives of several MiB, uneven: past every chunk, push piece, window half and the size
 /// from which the shared paths store with streaming stores.
-fn large<C: Communicator>(c: &C) -> Result<()> {
+fn large<C: Communicator, A: Alloc<f32>>(c: &C, alloc: &A) -> Result<()> {
     let (n, r) = (c.size(), c.rank());
     let len = 1_200_007;
     let inputs: Vec<Vec<f32>> = (0..n).map(|q| input(q, len)).collect();
     let sum = |i: usize| (1..n).fold(inputs[0][i], |acc, q| acc + inputs[q][i]);
-    let mut got = vec![0f32; len];
+    let mut got = zeros::<f32, _>(alloc, len)?;
     c.all_reduce(&inputs[r], &mut got, ReduceOp::Sum)?;
     let want: Vec<f32> = (0..len).map(sum).collect();
     check("large all_reduce", r, &first_difference(&got, &want), &None)?;
     // reduce-scatter: rank 0 keeps most of it (its block past the streaming size)
     let counts: Vec<usize> = (0..n).map(|q| if q == 0 { len - (n - 1) * 33_001 } else { 33_001 }).collect();
     let off: usize = counts[..r].iter().sum();
-    let mut part = vec![0f32; counts[r]];
+    let mut part = zeros::<f32, _>(alloc, counts[r])?;
     c.reduce_scatter_v(&inputs[r], &mut part, &counts, ReduceOp::Sum)?;
     let want: Vec<f32> = (off..off + counts[r]).map(sum).collect();
     check("large reduce_scatter", r, &first_difference(&part, &want), &None)?;
     // all-gather: rank q sends 300_001 + q elements
     let counts: Vec<usize> = (0..n).map(|q| 300_001 + q).collect();
-    let mut all = vec![0f32; counts.iter().sum()];
+    let mut all = zeros::<f32, _>(alloc, counts.iter().sum())?;
     c.all_gather_v(&inputs[r][..counts[r]], &mut all, &counts)?;
     let want: Vec<f32> = (0..n).flat_map(|q| inputs[q][..counts[q]].iter().copied()).collect();
     check("large all_gather", r, &first_difference(&all, &want), &None)?;
@@ -211,7 +237,7 @@ fn large<C: Communicator>(c: &C) -> Result<()> {
     let send: Vec<f32> = (0..n).flat_map(|j| block(r, j).iter().copied()).collect();
     let send_counts: Vec<usize> = (0..n).map(|j| block(r, j).len()).collect();
     let recv_counts: Vec<usize> = (0..n).map(|q| block(q, r).len()).collect();
-    let mut recv = vec![0f32; recv_counts.iter().sum()];
+    let mut recv = zeros::<f32, _>(alloc, recv_counts.iter().sum())?;
     c.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
     let want: Vec<f32> = (0..n).flat_map(|q| block(q, r).iter().copied()).collect();
     check("large all_to_all", r, &first_difference(&recv, &want), &None)
@@ -274,13 +300,22 @@ fn term(i: usize, t: usize) -> f32 {
     global(i) / 3.0 + t as f32 * 0.25
 }
 
-/// Runs [`place()`] for a fixed set of transitions on a mesh of `c.size()` devices (a 2-axis mesh
-/// where the size allows) and checks each rank's window bit for bit against the global value (the
-/// term-order sum of a partial one).
+/// Runs [`crate::place()`] for a fixed set of transitions on a mesh of `c.size()` devices (a 2-axis
+/// mesh where the size allows) and checks each rank's window bit for bit against the global value
+/// (the term-order sum of a partial one).
 ///
 /// # Errors
 /// As [`suite`].
 pub fn places<C: Communicator>(c: &C) -> Result<()> {
+    places_in(c, &Groups::new(), &Heap)
+}
+
+/// [`places`] through [`place_in`] with `groups` and `alloc`: each transition twice, the second
+/// warm (its sub-communicators cached, its buffers reused).
+///
+/// # Errors
+/// As [`suite`].
+pub fn places_in<C: Communicator, A: Alloc<f32>>(c: &C, groups: &Groups<C>, alloc: &A) -> Result<()> {
     let n = c.size();
     let (a, b) = if n % 2 == 0 && n > 2 { (2, n / 2) } else { (1, n) };
     let specs = [
@@ -314,19 +349,6 @@ pub fn places<C: Communicator>(c: &C) -> Result<()> {
                 let t = p.term(r).expect("a device of the set");
                 elements(w).into_iter().map(|i| t.map_or(global(i), |t| term(i, t))).collect::<Vec<f32>>()
             });
-            let rec = c.recorder().cloned();
-            let mark = rec.as_ref().map(|r| r.start());
-            let got = place(c, &pl, local);
-            if let (Some(rec), Some(mark)) = (rec, mark) {
-                let log = rec.stop(mark, c.world_rank());
-                if got.is_ok() {
-                    log.check_plan(&pl, r).map_err(|why| Error::Invalid {
-                        func: "nx_collectives::conformance",
-                        why: format!("place {from} -> {to}: {why}"),
-                    })?;
-                }
-            }
-            let got = got?;
             let terms = p.terms();
             let value = |i: usize| {
                 if p.is_partial() {
@@ -337,9 +359,25 @@ pub fn places<C: Communicator>(c: &C) -> Result<()> {
             };
             let want = pl.new[r].as_ref().map(|w| {
                 let t = q.term(r).expect("a device of the set").unwrap_or(0);
-                elements(w).into_iter().map(|i| if t > 0 { 0.0 } else { value(i) }).collect::<Vec<f32>>()
+                bits(&elements(w).into_iter().map(|i| if t > 0 { 0.0 } else { value(i) }).collect::<Vec<f32>>())
             });
-            check(&format!("place {from} -> {to}"), r, &got.map(|g| bits(&g)), &want.map(|w| bits(&w)))
+            for warm in ["", " (warm)"] {
+                let rec = c.recorder().cloned();
+                let mark = rec.as_ref().map(|r| r.start());
+                let got = place_in(c, groups, &pl, local.as_deref(), alloc);
+                if let (Some(rec), Some(mark)) = (rec, mark) {
+                    let log = rec.stop(mark, c.world_rank());
+                    if got.is_ok() {
+                        log.check_plan(&pl, r).map_err(|why| Error::Invalid {
+                            func: "nx_collectives::conformance",
+                            why: format!("place {from} -> {to}{warm}: {why}"),
+                        })?;
+                    }
+                }
+                let got = got?.map(|g| bits(&g));
+                check(&format!("place {from} -> {to}{warm}"), r, &got, &want)?;
+            }
+            Ok(())
         })
         .map_err(nx_placement::Error::from)??;
     }

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 mod checks;
 pub mod conformance;
+mod groups;
 pub mod log;
 pub mod mismatch;
 pub mod mpi;
@@ -34,7 +35,8 @@ mod reduce;
 mod shm;
 pub mod sim;
 
-pub use place::place;
+pub use groups::Groups;
+pub use place::{place, place_in, Alloc, Heap};
 pub use reduce::{ReduceOp, Reducible};
 
 use nx_kernels::Dtype;

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use nx_collectives::log::Log;
 use nx_collectives::sim::{self, SimComm, SimOptions};
-use nx_collectives::{place, Communicator, Error, ReduceOp, Result};
+use nx_collectives::{place, place_in, Communicator, Error, ReduceOp, Result};
+use nx_kernels::rig::Rig;
+use nx_kernels::Lease;
 use nx_placement::{plan, region, Device, Devices, MeshSpec, Op, PlacementSpec};
 use proptest::prelude::*;
 
@@ -18,6 +20,20 @@ fn the_conformance_suite_on_1_to_8_ranks() {
     for n in 1..=8 {
         sim::run(n, opts(), |c: SimComm| nx_collectives::conformance::suite(&c))
             .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
+#[test]
+fn the_conformance_suite_on_queued_devices_from_their_pools() {
+    for n in [1, 2, 3, 5, 8] {
+        sim::run(n, opts(), |c: SimComm| {
+            let rig = Rig::queued(nx_mesh::Device::sim(c.rank()), Duration::from_micros(200), 7 + c.rank() as u64)?;
+            nx_collectives::conformance::suite_in(&c, &rig)?;
+            let stats = rig.pool_stats();
+            assert!(stats.reused > 0 && stats.in_use == 0, "{stats:?}");
+            Ok::<_, Error>(())
+        })
+        .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
     }
 }
 
@@ -164,6 +180,21 @@ fn spec_from(c: &[u8], mesh: &MeshSpec, rank: usize) -> PlacementSpec {
     }
 }
 
+/// Fills blocks of every class the property's windows take with a NaN no value holds, and gives
+/// them back to `rig`'s pool.
+fn dirty(rig: &Rig) {
+    let leases: Vec<Lease<f32>> = [128usize, 256, 512, 1024]
+        .iter()
+        .flat_map(|&n| (0..8).map(move |_| n))
+        .map(|n| {
+            let mut l = Lease::<f32>::uninit(rig, n).unwrap();
+            l.fill(f32::from_bits(0x7fc0_dead));
+            l
+        })
+        .collect();
+    drop(leases);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(3000))]
 
@@ -210,8 +241,20 @@ proptest! {
                 });
                 let rec = c.recorder().expect("sim records").clone();
                 let mark = rec.start();
-                let got = place(&c, &pl, local)?;
+                let got = place(&c, &pl, local.clone())?;
                 let log = rec.stop(mark, c.world_rank());
+                // from a device's pool whose blocks hold a sentinel: every element the executor
+                // answers was written, bit for bit as from fresh vectors; warm, nothing is fresh
+                let rig = Rig::host(nx_mesh::Device::sim(r)).unwrap();
+                let groups = nx_collectives::Groups::new();
+                dirty(&rig);
+                let bits = |v: Option<Vec<f32>>| v.map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                let pooled = place_in(&c, &groups, &pl, local.as_deref(), &rig)?.map(|l| l.to_vec());
+                assert_eq!(bits(pooled), bits(got.clone()), "pooled, rank {r}: {from} -> {to}\n{pl}");
+                let fresh = rig.pool_stats().fresh;
+                let again = place_in(&c, &groups, &pl, local.as_deref(), &rig)?.map(|l| l.to_vec());
+                assert_eq!(rig.pool_stats().fresh, fresh, "a warm place allocated from the system");
+                assert_eq!(bits(again), bits(got.clone()));
                 // the closed value: the term-order sum where `from` is partial
                 let terms = p.terms();
                 let value = |i: usize| if p.is_partial() { (1..terms).fold(term(i, 0), |acc, t| acc + term(i, t)) } else { global(i) };
@@ -340,4 +383,59 @@ fn the_property_tests_cases_reach_every_kind_of_step() {
             "zero_fill"
         ]
     );
+}
+
+#[test]
+fn groups_split_once_and_ranks_that_disagree_about_them_meet_in_an_error() {
+    use nx_collectives::log::Op as L;
+    use nx_collectives::Groups;
+    // mesh(0:tp) over dp=2,tp=2 → on: all-gathers within each dp row; the second place splits nothing
+    let got = sim::run(4, opts(), |c: SimComm| -> Result<(usize, usize, Vec<f32>)> {
+        let pl = Devices::with(Device::sims(4), |set| -> Result<nx_placement::Plan> {
+            let m = MeshSpec::new(&[("dp", 2), ("tp", 2)]).unwrap().over(&set).unwrap();
+            let from = nx_placement::Placement::mesh(&m, &[(0, &["tp"])])?;
+            let to = nx_placement::Placement::mesh(&m, &[])?;
+            let pl = plan(&from, &to, &[5], 4)?;
+            assert_eq!(pl.steps[0].op, Op::AllGather, "{pl}");
+            Ok(pl)
+        })
+        .unwrap()?;
+        let r = c.rank();
+        let mine: Vec<f32> = match r % 2 {
+            0 => vec![0.0, 1.0, 2.0],
+            _ => vec![3.0, 4.0],
+        };
+        let (groups, rig) = (Groups::new(), Rig::host(nx_mesh::Device::sim(r))?);
+        let rec = c.recorder().expect("sim records").clone();
+        let mut splits = Vec::new();
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            let mark = rec.start();
+            out = place_in(&c, &groups, &pl, Some(&mine), &rig)?.expect("all hold it").to_vec();
+            splits.push(rec.stop(mark, c.world_rank()).count_any(L::Split));
+        }
+        Ok((splits[0], splits[1], out))
+    })
+    .unwrap();
+    for (first, second, out) in got {
+        assert_eq!((first, second), (1, 0), "one split, then none");
+        assert_eq!(out, [0.0, 1.0, 2.0, 3.0, 4.0]);
+    }
+    // rank 0 asks for cached groups, rank 1 for new ones: an error naming both, not a hang,
+    // checked or not
+    for checked in [true, false] {
+        let e = sim::run(2, SimOptions { checked, ..opts() }, |c: SimComm| -> Result<()> {
+            let groups = Groups::new();
+            groups.get(&c, &[vec![0, 1]], &[])?;
+            if c.rank() == 0 {
+                groups.get(&c, &[vec![0, 1]], &[])?;
+                c.barrier()
+            } else {
+                groups.get(&c, &[vec![0], vec![1]], &[]).map(drop)
+            }
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("barrier") && e.contains("split"), "{e}");
+    }
 }

@@ -227,8 +227,8 @@ impl<T: Element> Array<T> {
         Array::new(layout, Buffer::new(device, bytes)?)
     }
 
-    /// A fresh C-contiguous array of `shape` on `rig`, every element zero, from its pool (the
-    /// zeroing queued on its timeline where the block's work is still pending).
+    /// A fresh C-contiguous array of `shape` on `rig`, every element zero, from its pool (a reused
+    /// block zeroed at once: no work touches a cached block).
     ///
     /// # Errors
     /// As [`Rig::alloc`] and [`Layout::contiguous`].
@@ -333,15 +333,14 @@ impl<T: Element> Array<T> {
         self.fill_contiguous(values.collect::<Vec<_>>().into_iter())
     }
 
-    /// Writes a fresh, unshared array's elements; no claim is needed as no one else holds it, but
-    /// the work a reused block may still have pending is waited for first.
+    /// Writes a fresh, unshared array's elements; no claim is needed as no one else holds it, and
+    /// no work touches fresh memory (a pool hands out only blocks no work touches).
     fn fill_contiguous(&self, values: impl Iterator<Item = T>) -> Result<()> {
-        self.buffer.wait()?;
         let base = self.buffer.host_ptr().expect("fresh host memory");
         for (k, v) in values.enumerate() {
             // SAFETY: the array is fresh and C-contiguous from offset 0, so element k lies at byte
             // k·size, inside the buffer (checked by `new`) and aligned (64-byte base, k·size); no
-            // work is pending on it (waited for above).
+            // work touches it.
             unsafe { T::store(base.as_ptr().add(k * T::DTYPE.size()), v) }
         }
         Ok(())

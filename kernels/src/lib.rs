@@ -17,6 +17,7 @@ pub mod dtype;
 pub mod host;
 pub mod kernels;
 pub mod layout;
+mod lease;
 #[cfg(feature = "ndarray")]
 mod ndarray_conv;
 pub mod prog;
@@ -32,6 +33,7 @@ pub use dtype::{Dtype, Element, Kind, Value};
 pub use host::Host;
 pub use kernels::{Contraction, Extreme, Kernels, Reduction};
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
+pub use lease::Lease;
 pub use prog::{map_refusal, reduce_refusal, Prog};
 
 /// The errors of local arrays and kernels. Each message names the function and the offending

@@ -97,31 +97,46 @@ fn time_ops<C: Communicator>(
 ) -> nx::collectives::Result<(Times, Times)> {
     let r = c.rank();
     let max_elems = sizes.last().copied().unwrap_or(0) / 4;
-    // the buffers as nx allocates its arrays' (huge pages from 4 MiB), for nx and plain MPI alike
+    // the buffers as nx allocates its arrays' (huge pages from 4 MiB), for nx and plain MPI alike,
     let invalid = |e: nx::kernels::Error| nx::collectives::Error::Invalid {
         func: "nx bench collectives",
         why: format!("cannot allocate the buffers: {e}"),
     };
-    let dev = nx::Device::sim(0);
-    let send =
-        nx::kernels::Array::<f32>::from_fn(dev, &[max_elems], |i| (i[0] % 97) as f32 + r as f32).map_err(invalid)?;
-    let recv = nx::kernels::Array::<f32>::zeros(dev, &[max_elems]).map_err(invalid)?;
-    send.with_slice(|send| recv.with_slice_mut(|recv| time_ops_on(c, sizes, reps, plain, send, recv)))
+    // from a rig's pool, as a rank's tensors are
+    let rig = nx::kernels::rig::Rig::host(nx::Device::sim(r)).map_err(invalid)?;
+    let send = nx::kernels::Array::<f32>::from_fn_on(&rig, &[max_elems], |i| (i[0] % 97) as f32 + r as f32)
+        .map_err(invalid)?;
+    let recv = nx::kernels::Array::<f32>::zeros_on(&rig, &[max_elems]).map_err(invalid)?;
+    // `place` split(0) → on at each size: the plan executor's all-gather, outputs from the pool
+    let n = c.size();
+    let plans = nx::Devices::with(nx::Device::sims(n), |set| -> nx::placement::Result<Vec<nx::Plan>> {
+        let (from, to) = (nx::Placement::split(0, &set)?, nx::Placement::on(&set));
+        sizes.iter().map(|&b| nx::placement::plan(&from, &to, &[b / 4 / n * n], 4)).collect()
+    })
+    .map_err(|e| nx::collectives::Error::Invalid { func: "nx bench collectives", why: e.to_string() })??;
+    let groups = nx::collectives::Groups::new();
+    let place = |si: usize, s: &[f32]| nx::collectives::place_in(c, &groups, &plans[si], Some(s), &rig).map(drop);
+    send.with_slice(|send| recv.with_slice_mut(|recv| time_ops_on(c, sizes, reps, plain, &place, send, recv)))
         .map_err(invalid)?
         .map_err(invalid)?
 }
+
+/// The ops timed, by their index in [`time_ops_on`]: the four collectives, then `place`
+/// split(0) → on (the plan executor's all-gather, its output from the rig's pool).
+const OPS: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "place_gather"];
 
 /// Sizes up to this many bytes are timed at least [`SMALL_REPEATS`] times.
 const SMALL: usize = 4 << 20;
 /// The least number of timed runs of a size up to [`SMALL`].
 const SMALL_REPEATS: usize = 21;
 
-/// [`time_ops`] on the buffers `send` and `recv`.
+/// [`time_ops`] on the buffers `send` and `recv`; `place` runs the executor's plan of a size.
 fn time_ops_on<C: Communicator>(
     c: &C,
     sizes: &[usize],
     reps: usize,
     plain: Option<Plain<'_>>,
+    place: &dyn Fn(usize, &[f32]) -> nx::collectives::Result<()>,
     send: &[f32],
     recv: &mut [f32],
 ) -> nx::collectives::Result<(Times, Times)> {
@@ -130,13 +145,13 @@ fn time_ops_on<C: Communicator>(
     for (si, &bytes) in sizes.iter().enumerate() {
         let elems = bytes / 4;
         let per = elems / n;
-        for op in 0..4 {
+        for op in 0..OPS.len() {
             let (mut ts, mut ps) = (Vec::new(), Vec::new());
             let reps = if bytes <= SMALL { reps.max(SMALL_REPEATS) } else { reps };
             for rep in 0..=reps {
                 let (s, rv): (&[f32], &mut [f32]) = match op {
                     0 => (&send[..elems], &mut recv[..elems]),
-                    1 => (&send[..per], &mut recv[..per * n]),
+                    1 | 4 => (&send[..per], &mut recv[..per * n]),
                     2 => (&send[..per * n], &mut recv[..per]),
                     _ => (&send[..per * n], &mut recv[..per * n]),
                 };
@@ -146,11 +161,12 @@ fn time_ops_on<C: Communicator>(
                     0 => c.all_reduce(s, rv, ReduceOp::Sum)?,
                     1 => c.all_gather(s, rv)?,
                     2 => c.reduce_scatter(s, rv, ReduceOp::Sum)?,
-                    _ => c.all_to_all(s, rv)?,
+                    3 => c.all_to_all(s, rv)?,
+                    _ => place(si, s)?,
                 }
                 c.barrier()?;
                 let took = t.elapsed().as_secs_f64();
-                if let Some(p) = plain {
+                if let (Some(p), true) = (plain, op < 4) {
                     c.barrier()?;
                     let t = Instant::now();
                     p(op, s, rv);
@@ -218,7 +234,7 @@ pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
         }
         other => return Err(format!("nx bench collectives: unknown backend {other:?} (sim, mpi)").into()),
     };
-    let names = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"];
+    let names = OPS;
     let nf = n as f64;
     let rows: Vec<Row> = times
         .iter()
@@ -228,7 +244,7 @@ pub fn collectives(a: &CollectiveArgs) -> Result<String, Error> {
             // rank's output once, at the copy's bytes-read-plus-written bandwidth
             let (bus, traffic) = match op {
                 0 => (2.0 * (nf - 1.0) / nf, 2.0 * nf * b),
-                1 | 2 => ((nf - 1.0) / nf, b * (nf + 1.0)),
+                1 | 2 | 4 => ((nf - 1.0) / nf, b * (nf + 1.0)),
                 _ => ((nf - 1.0) / nf, 2.0 * nf * b),
             };
             let limit = traffic / bw;

@@ -127,7 +127,8 @@ fn bench_kernels_reports_ratios_as_json() {
 fn bench_collectives_reports_nccl_style_json() {
     let o = nx(&["bench", "collectives", "-n", "3", "--max-bytes", "65536", "--repeats", "1", "--json"]);
     let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 4 * 3, "4 ops at 4, 16 and 64 KiB");
+    assert_eq!(rows.len(), 5 * 3, "4 collectives and place at 4, 16 and 64 KiB");
+    assert!(rows.iter().any(|r| r["op"] == "place_gather"), "{rows:?}");
     for r in &rows {
         for k in ["op", "backend", "bytes", "n", "seconds", "algbw", "busbw", "limit_seconds", "ratio"] {
             assert!(!r[k].is_null(), "{k} in {r}");

@@ -31,6 +31,13 @@ fn main() {
         match mode.as_str() {
             "conformance" => {
                 conformance::suite(&c)?;
+                // again with every buffer from a queued device's pool
+                let rig = nx_kernels::rig::Rig::queued(
+                    nx_mesh::Device::sim(c.rank()),
+                    Duration::from_micros(100),
+                    c.rank() as u64,
+                )?;
+                conformance::suite_in(&c, &rig)?;
                 if c.rank() == 0 {
                     println!("conformance passed on {} ranks through {}", c.size(), c.data_path());
                 }
