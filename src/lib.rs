@@ -24,6 +24,7 @@
 //! ```
 
 mod launch;
+mod ops;
 pub mod store;
 mod tensor;
 pub mod testing;

@@ -29,10 +29,10 @@ use crate::{Error, Result};
 /// one and logs each move on rank 0's stderr.
 #[derive(Clone)]
 pub struct Tensor<'d, T: Reducible> {
-    ctx: Ctx<'d>,
-    shape: Vec<usize>,
-    placement: Placement<'d>,
-    local: Option<Array<T>>,
+    pub(crate) ctx: Ctx<'d>,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) placement: Placement<'d>,
+    pub(crate) local: Option<Array<T>>,
 }
 
 impl<T: Reducible> std::fmt::Debug for Tensor<'_, T> {
@@ -41,7 +41,7 @@ impl<T: Reducible> std::fmt::Debug for Tensor<'_, T> {
     }
 }
 
-fn err(func: &'static str, why: String) -> Error {
+pub(crate) fn err(func: &'static str, why: String) -> Error {
     Error::Invalid { func, why }
 }
 
@@ -51,15 +51,15 @@ fn c_strides(shape: &[usize]) -> Vec<usize> {
     (0..shape.len()).map(|d| shape[d + 1..].iter().fold(1usize, |a, &x| a.saturating_mul(x))).collect()
 }
 
-fn window_shape(w: &Window) -> Vec<usize> {
+pub(crate) fn window_shape(w: &Window) -> Vec<usize> {
     w.iter().map(|r| r.len()).collect()
 }
 
 /// A placement's cuts (tensor axis, mesh axis names) and sums (mesh axis names).
-type Parts = (Vec<(usize, Vec<String>)>, Vec<String>);
+pub(crate) type Parts = (Vec<(usize, Vec<String>)>, Vec<String>);
 
 /// The cuts and sums of a placement, by mesh axis names (`split` over the flat mesh's `x`).
-fn parts(func: &'static str, p: &Placement<'_>) -> Result<Parts> {
+pub(crate) fn parts(func: &'static str, p: &Placement<'_>) -> Result<Parts> {
     Ok(match p.spec() {
         PlacementSpec::On => (Vec::new(), Vec::new()),
         PlacementSpec::Split(a) => (vec![(a, vec!["x".to_string()])], Vec::new()),
@@ -76,7 +76,7 @@ fn cut_of(cuts: &[(usize, Vec<String>)], axis: usize) -> Vec<String> {
 }
 
 /// A placement over `p`'s mesh with `sums` and `cuts` (by names).
-fn rebuild<'d>(p: &Placement<'d>, sums: &[String], cuts: &[(usize, Vec<String>)]) -> Result<Placement<'d>> {
+pub(crate) fn rebuild<'d>(p: &Placement<'d>, sums: &[String], cuts: &[(usize, Vec<String>)]) -> Result<Placement<'d>> {
     let names: Vec<(usize, Vec<&str>)> =
         cuts.iter().map(|(a, n)| (*a, n.iter().map(String::as_str).collect())).collect();
     let cut_refs: Vec<(usize, &[&str])> = names.iter().map(|(a, n)| (*a, n.as_slice())).collect();
@@ -295,7 +295,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok(self.place(&one)?.local)
     }
 
-    fn with_local(&self, placement: Placement<'d>, shape: Vec<usize>, local: Option<Array<T>>) -> Self {
+    pub(crate) fn with_local(&self, placement: Placement<'d>, shape: Vec<usize>, local: Option<Array<T>>) -> Self {
         Tensor { ctx: self.ctx.clone(), shape, placement, local }
     }
 
@@ -671,7 +671,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     }
 }
 
-fn check(func: &'static str, a: Answer, ops: &[&dyn nx_kernels::Operand]) -> Result<()> {
+pub(crate) fn check(func: &'static str, a: Answer, ops: &[&dyn nx_kernels::Operand]) -> Result<()> {
     match a {
         Answer::Done => Ok(()),
         Answer::Declined => Err(err(func, "the host kernels decline this case".into())),

@@ -349,12 +349,16 @@ fn place_reads_a_strided_window_and_runs_warm_from_the_pool() {
         let y = Tensor::from_fn(ctx, &[7, 5], &p, |i| f(i[0], i[1]))?;
         let to = Placement::split(1, ctx.devices())?;
         drop(y.place(&to)?.full()?);
-        let fresh = ctx.rig().pool_stats().fresh;
+        let (fresh, reused) = (ctx.rig().pool_stats().fresh, ctx.rig().pool_stats().reused);
         for _ in 0..3 {
             let z = y.place(&to)?.full()?;
             assert_eq!(z.to_vec()?, want);
         }
-        assert_eq!(ctx.rig().pool_stats().fresh, fresh, "{:?}", ctx.rig().pool_stats());
+        let stats = ctx.rig().pool_stats();
+        assert_eq!(stats.fresh, fresh, "{stats:?}");
+        // each round: the all-to-all's packed message and output, the all-gather's message and
+        // output, all from the pool (outputs alone would be 2)
+        assert!(stats.reused - reused >= 3 * 4, "{stats:?}");
         Ok(())
     })
     .unwrap();

@@ -20,9 +20,10 @@ impl<A> Buffers for A where
 {
 }
 
-/// `len` zeros of `T` from `alloc`.
-fn zeros<T, A: Alloc<T>>(alloc: &A, len: usize) -> Result<A::Buf> {
-    alloc.zeroed(len)
+/// `len` elements of `T` from `alloc`, their values unspecified (a reused block's): a collective
+/// must write every element of its output.
+fn fresh<T, A: Alloc<T>>(alloc: &A, len: usize) -> Result<A::Buf> {
+    alloc.uninit(len)
 }
 
 /// Rank r's input of `len` elements: distinct, inexact values.
@@ -59,7 +60,7 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     let (n, r) = (c.size(), c.rank());
     let len = 3 * n + 1; // uneven on purpose
     let mine = input(r, len);
-    let mut got = zeros::<f32, _>(alloc, len)?;
+    let mut got = fresh::<f32, _>(alloc, len)?;
     c.all_reduce(&mine, &mut got, ReduceOp::Sum)?;
     let want: Vec<f32> = (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc + input(q, len)[i])).collect();
     check("all_reduce sum", r, &bits(&got), &bits(&want))?;
@@ -99,7 +100,7 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     let ints = |q: usize| -> Vec<i32> {
         (0..len).map(|i| ((q * 7919 + i * 104_729) % 10_007) as i32 * 214_013 - 1_070_000_000).collect()
     };
-    let mut gi = zeros::<i32, _>(alloc, len)?;
+    let mut gi = fresh::<i32, _>(alloc, len)?;
     for (op, name) in [(ReduceOp::Sum, "sum"), (ReduceOp::Prod, "prod"), (ReduceOp::Min, "min"), (ReduceOp::Max, "max")]
     {
         c.all_reduce(&ints(r), &mut gi, op)?;
@@ -119,7 +120,7 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
         check(&format!("all_reduce i32 {name}"), r, &gi[..], &want[..])?;
     }
     let bytes = |q: usize| -> Vec<u8> { (0..len).map(|i| ((q * 31 + i * 7) % 253 + 2) as u8).collect() };
-    let mut gb = zeros::<u8, _>(alloc, len)?;
+    let mut gb = fresh::<u8, _>(alloc, len)?;
     c.all_reduce(&bytes(r), &mut gb, ReduceOp::Prod)?;
     let want: Vec<u8> = (0..len)
         .map(|i| (1..n).fold(bytes(0)[i], |acc, q| (u32::from(acc) * u32::from(bytes(q)[i]) % 256) as u8))
@@ -130,7 +131,7 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     check("all_reduce u8 min", r, &gb[..], &want[..])?;
     // halves add in f32 and round once
     let halves: Vec<bf16> = mine.iter().map(|&x| bf16::from_f32(x)).collect();
-    let mut hs = zeros::<bf16, _>(alloc, len)?;
+    let mut hs = fresh::<bf16, _>(alloc, len)?;
     c.all_reduce(&halves, &mut hs, ReduceOp::Sum)?;
     let want: Vec<bf16> = (0..len)
         .map(|i| {
@@ -143,13 +144,13 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     // reduce-scatter, uneven: rank q keeps q + 1 elements
     let counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
     let total: usize = counts.iter().sum();
-    let mut part = zeros::<f32, _>(alloc, counts[r])?;
+    let mut part = fresh::<f32, _>(alloc, counts[r])?;
     c.reduce_scatter_v(&input(r, total), &mut part, &counts, ReduceOp::Sum)?;
     let off: usize = counts[..r].iter().sum();
     let want: Vec<f32> =
         (0..counts[r]).map(|i| (1..n).fold(input(0, total)[off + i], |a, q| a + input(q, total)[off + i])).collect();
     check("reduce_scatter", r, &bits(&part), &bits(&want))?;
-    let mut ip = zeros::<i32, _>(alloc, counts[r])?;
+    let mut ip = fresh::<i32, _>(alloc, counts[r])?;
     let ints = |q: usize| -> Vec<i32> { input(q, total).iter().map(|&x| (x * 1000.0) as i32).collect() };
     c.reduce_scatter_v(&ints(r), &mut ip, &counts, ReduceOp::Min)?;
     let want: Vec<i32> = (0..counts[r]).map(|i| (0..n).map(|q| ints(q)[off + i]).fold(i32::MAX, i32::min)).collect();
@@ -161,7 +162,7 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     check("reduce_scatter i32 prod", r, &ip[..], &want[..])?;
     // all-gather, uneven: rank q sends q elements (rank 0 none)
     let counts: Vec<usize> = (0..n).collect();
-    let mut all = zeros::<i32, _>(alloc, counts.iter().sum())?;
+    let mut all = fresh::<i32, _>(alloc, counts.iter().sum())?;
     let send: Vec<i32> = (0..r).map(|i| (r * 100 + i) as i32).collect();
     c.all_gather_v(&send, &mut all, &counts)?;
     let want: Vec<i32> = (0..n).flat_map(|q| (0..q).map(move |i| (q * 100 + i) as i32)).collect();
@@ -170,7 +171,7 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     let send_counts: Vec<usize> = (0..n).map(|j| (r + j) % 3).collect();
     let recv_counts: Vec<usize> = (0..n).map(|i| (i + r) % 3).collect();
     let send: Vec<u16> = (0..n).flat_map(|j| (0..(r + j) % 3).map(move |k| (r * 64 + j * 8 + k) as u16)).collect();
-    let mut recv = zeros::<u16, _>(alloc, recv_counts.iter().sum())?;
+    let mut recv = fresh::<u16, _>(alloc, recv_counts.iter().sum())?;
     c.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
     let want: Vec<u16> = (0..n).flat_map(|i| (0..(i + r) % 3).map(move |k| (i * 64 + r * 8 + k) as u16)).collect();
     check("all_to_all", r, &recv[..], &want[..])?;
@@ -215,20 +216,20 @@ fn large<C: Communicator, A: Alloc<f32>>(c: &C, alloc: &A) -> Result<()> {
     let len = 1_200_007;
     let inputs: Vec<Vec<f32>> = (0..n).map(|q| input(q, len)).collect();
     let sum = |i: usize| (1..n).fold(inputs[0][i], |acc, q| acc + inputs[q][i]);
-    let mut got = zeros::<f32, _>(alloc, len)?;
+    let mut got = fresh::<f32, _>(alloc, len)?;
     c.all_reduce(&inputs[r], &mut got, ReduceOp::Sum)?;
     let want: Vec<f32> = (0..len).map(sum).collect();
     check("large all_reduce", r, &first_difference(&got, &want), &None)?;
     // reduce-scatter: rank 0 keeps most of it (its block past the streaming size)
     let counts: Vec<usize> = (0..n).map(|q| if q == 0 { len - (n - 1) * 33_001 } else { 33_001 }).collect();
     let off: usize = counts[..r].iter().sum();
-    let mut part = zeros::<f32, _>(alloc, counts[r])?;
+    let mut part = fresh::<f32, _>(alloc, counts[r])?;
     c.reduce_scatter_v(&inputs[r], &mut part, &counts, ReduceOp::Sum)?;
     let want: Vec<f32> = (off..off + counts[r]).map(sum).collect();
     check("large reduce_scatter", r, &first_difference(&part, &want), &None)?;
     // all-gather: rank q sends 300_001 + q elements
     let counts: Vec<usize> = (0..n).map(|q| 300_001 + q).collect();
-    let mut all = zeros::<f32, _>(alloc, counts.iter().sum())?;
+    let mut all = fresh::<f32, _>(alloc, counts.iter().sum())?;
     c.all_gather_v(&inputs[r][..counts[r]], &mut all, &counts)?;
     let want: Vec<f32> = (0..n).flat_map(|q| inputs[q][..counts[q]].iter().copied()).collect();
     check("large all_gather", r, &first_difference(&all, &want), &None)?;
@@ -237,7 +238,7 @@ fn large<C: Communicator, A: Alloc<f32>>(c: &C, alloc: &A) -> Result<()> {
     let send: Vec<f32> = (0..n).flat_map(|j| block(r, j).iter().copied()).collect();
     let send_counts: Vec<usize> = (0..n).map(|j| block(r, j).len()).collect();
     let recv_counts: Vec<usize> = (0..n).map(|q| block(q, r).len()).collect();
-    let mut recv = zeros::<f32, _>(alloc, recv_counts.iter().sum())?;
+    let mut recv = fresh::<f32, _>(alloc, recv_counts.iter().sum())?;
     c.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
     let want: Vec<f32> = (0..n).flat_map(|q| block(q, r).iter().copied()).collect();
     check("large all_to_all", r, &first_difference(&recv, &want), &None)

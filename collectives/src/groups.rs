@@ -3,15 +3,17 @@
 //! Splitting is a collective of the parent communicator (and under MPI a `MPI_Comm_split`, tens of
 //! microseconds): a training step placing the same values each iteration would pay it per step
 //! and per plan step. A cache keyed by what every rank computes alike — the groups as world ranks
-//! and their mesh axes — hits or misses on every rank at once, so a hit issues nothing and a miss
-//! splits on every rank. Ranks that disagree about the plan still meet in an error: one that
-//! splits meets the other's next collective, a mismatch naming both.
+//! and their mesh axes — hits or misses on every rank at once. A hit still agrees on the key with
+//! one all-gather of its hash on the parent (under MPI's shared path about 2 µs), so ranks that
+//! disagree about the groups meet in an error naming both, checked or not, never in collectives
+//! of different communicators: ranks that hit with different keys see each other's hashes, and a
+//! rank that misses calls `split` where the others call `all_gather`, a mismatch.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use crate::{Communicator, Result};
+use crate::{Communicator, Error, Result};
 
 /// A cache of one communicator's sub-communicators, keyed by their groups (world ranks) and mesh
 /// axes; at most [`Groups::CAPACITY`] kept, the oldest dropped first (the same on every rank, as
@@ -39,6 +41,26 @@ pub struct Groups<C> {
 /// Groups as world ranks, and the mesh axes they span.
 type Key = (Vec<Vec<usize>>, Vec<String>);
 
+/// A hash of a key, the same in every process (FNV-1a over its numbers and bytes).
+fn key_hash(groups: &[Vec<usize>], axes: &[String]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |x: u64| {
+        for b in x.to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(groups.len() as u64);
+    for g in groups {
+        eat(g.len() as u64);
+        g.iter().for_each(|&r| eat(r as u64));
+    }
+    for a in axes {
+        eat(a.len() as u64);
+        a.bytes().for_each(|b| eat(u64::from(b)));
+    }
+    h
+}
+
 impl<C> std::fmt::Debug for Groups<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Groups({} cached)", self.cache.borrow().len())
@@ -63,14 +85,32 @@ impl<C: Communicator> Groups<C> {
     /// The sub-communicator of `comm` over the group of `groups` (disjoint lists of world ranks,
     /// each in its members' order, the same on every rank of `comm`) that holds this rank, spanning
     /// mesh axes `axes`; `None` inside the `Rc` where no group holds it. Split on the first call for
-    /// these groups (a collective of `comm`: every rank calls it), reused after.
+    /// these groups (a collective of `comm`: every rank calls it), reused after (with one
+    /// all-gather of the key's hash, so that ranks asking for different groups fail).
     ///
     /// # Errors
-    /// As [`Communicator::split_over`].
+    /// As [`Communicator::split_over`]; [`Error::Mismatch`] naming this rank and one that asked for
+    /// other groups.
     #[track_caller]
     pub fn get(&self, comm: &C, groups: &[Vec<usize>], axes: &[String]) -> Result<Rc<Option<C>>> {
         let hit = self.cache.borrow().iter().find(|(k, _)| k.0 == groups && k.1 == axes).map(|(_, c)| c.clone());
         if let Some(c) = hit {
+            let mine = key_hash(groups, axes);
+            let mut all = vec![0u64; comm.size()];
+            // logged as a split: a plan's steps do not count it
+            let mut agree = || comm.all_gather(&[mine], &mut all);
+            match comm.recorder() {
+                Some(r) => r.as_split(agree)?,
+                None => agree()?,
+            }
+            if let Some(q) = all.iter().position(|&h| h != mine) {
+                return Err(Error::Mismatch {
+                    rank_a: comm.world_rank(),
+                    call_a: format!("a step over groups {groups:?} (axes {axes:?})"),
+                    rank_b: q,
+                    call_b: format!("a step over other groups (key hash {:#x}, not {mine:#x})", all[q]),
+                });
+            }
             return Ok(c);
         }
         let me = comm.world_rank();

@@ -280,6 +280,17 @@ impl Recorder {
         std::mem::replace(&mut self.inner.borrow_mut().step, step)
     }
 
+    /// Runs `f`, recording the calls it issues as splits: the communicator management a
+    /// sub-communicator takes (a cached group's agreement), which plans do not count.
+    pub(crate) fn as_split<R>(&self, f: impl FnOnce() -> R) -> R {
+        let from = self.inner.borrow().events.len();
+        let r = f();
+        for e in &mut self.inner.borrow_mut().events[from..] {
+            e.op = Op::Split;
+        }
+        r
+    }
+
     /// Records the event `e` makes, where a region is open (the step filled in).
     pub(crate) fn note(&self, e: impl FnOnce() -> Event) {
         let mut r = self.inner.borrow_mut();

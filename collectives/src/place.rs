@@ -213,7 +213,7 @@ pub fn place<T: Reducible, C: Communicator>(comm: &C, plan: &Plan, local: Option
 }
 
 /// [`place`] reading this rank's window where it lies, taking every output and message buffer
-/// from `alloc` (a [`Rig`]'s pool: warm, a step allocates nothing from the system) and the
+/// from `alloc` (a [`Rig`]'s pool: warm, a step takes no element buffer from the system) and the
 /// sub-communicators of the steps' groups from `groups` (split once per groups; the same cache
 /// for every call on `comm`). Answers this rank's window at `to` (`None` where it holds nothing
 /// there).

@@ -412,30 +412,40 @@ fn groups_split_once_and_ranks_that_disagree_about_them_meet_in_an_error() {
         for _ in 0..2 {
             let mark = rec.start();
             out = place_in(&c, &groups, &pl, Some(&mine), &rig)?.expect("all hold it").to_vec();
-            splits.push(rec.stop(mark, c.world_rank()).count_any(L::Split));
+            // a split proper logs no dtype; a cached group's agreement logs its hash's
+            let log = rec.stop(mark, c.world_rank());
+            let split = |e: &&nx_collectives::log::Event| e.op == L::Split && e.dtype.is_none();
+            splits.push(log.events.iter().filter(split).count());
         }
         Ok((splits[0], splits[1], out))
     })
     .unwrap();
     for (first, second, out) in got {
-        assert_eq!((first, second), (1, 0), "one split, then none");
+        assert_eq!((first, second), (1, 0), "one split, then none (an agreement)");
         assert_eq!(out, [0.0, 1.0, 2.0, 3.0, 4.0]);
     }
-    // rank 0 asks for cached groups, rank 1 for new ones: an error naming both, not a hang,
-    // checked or not
+    // rank 0 asks for cached groups, rank 1 for new ones; or both for cached ones, different:
+    // an error naming both, not a hang, checked or not
     for checked in [true, false] {
-        let e = sim::run(2, SimOptions { checked, ..opts() }, |c: SimComm| -> Result<()> {
+        let o = SimOptions { checked, ..opts() };
+        let e = sim::run(2, o.clone(), |c: SimComm| -> Result<()> {
             let groups = Groups::new();
             groups.get(&c, &[vec![0, 1]], &[])?;
-            if c.rank() == 0 {
-                groups.get(&c, &[vec![0, 1]], &[])?;
-                c.barrier()
-            } else {
-                groups.get(&c, &[vec![0], vec![1]], &[]).map(drop)
-            }
+            let other = if c.rank() == 0 { vec![vec![0, 1]] } else { vec![vec![0], vec![1]] };
+            groups.get(&c, &other, &[]).map(drop)
         })
         .unwrap_err()
         .to_string();
-        assert!(e.contains("barrier") && e.contains("split"), "{e}");
+        assert!(e.contains("all_gather") && e.contains("split") && e.contains("rank 0") && e.contains("rank 1"), "{e}");
+        let e = sim::run(2, o, |c: SimComm| -> Result<()> {
+            let groups = Groups::new();
+            let (a, b) = (vec![vec![0, 1]], vec![vec![0], vec![1]]);
+            groups.get(&c, &a, &[])?;
+            groups.get(&c, &b, &[])?;
+            groups.get(&c, if c.rank() == 0 { &a } else { &b }, &[]).map(drop)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("other groups") && e.contains("[[0, 1]]"), "{e}");
     }
 }

@@ -39,6 +39,8 @@ pub enum Answer {
     ShapeMismatch,
     /// A device whose work the call must follow is lost (its work will never be done).
     Lost,
+    /// An index operand holds a position outside the axis it indexes.
+    IndexOutOfRange,
 }
 
 impl Answer {
@@ -56,6 +58,7 @@ impl Answer {
             Answer::Overlapping => "a written operand shares bytes with another operand it is not identical to",
             Answer::ShapeMismatch => "the operands' shapes do not fit the operation",
             Answer::Lost => "a device whose work the call must follow is lost",
+            Answer::IndexOutOfRange => "an index lies outside the axis it indexes",
         }
     }
 }

@@ -7,9 +7,8 @@
 //! may be strided, broadcast or offset. Kernels are deterministic: the same bits on every run and
 //! any number of threads.
 //!
-//! The operations the contract adds later (scans, gathers and scatters, sorts, Fourier
-//! transforms, matrix routines, attention) have their places here already and answer `Declined`
-//! in every library until built.
+//! Operations a library does not build answer `Declined` by default (Fourier transforms, matrix
+//! routines and attention are not built yet in any library).
 
 use crate::door::Operand;
 use crate::prog::Prog;
@@ -54,6 +53,53 @@ impl Reduction {
             Reduction::Arg(_) | Reduction::Moments => 2,
             _ => 1,
         }
+    }
+}
+
+/// How a scatter stores what it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scatter {
+    /// Stores the value (the last of a duplicate index wins).
+    Set,
+    /// Adds it (in the carrier, in index order).
+    Add,
+}
+
+/// `Some((refusal, why))` where a scan by `reduction` along `axis` of an operand of rank `rank`
+/// and dtype `src`, into `dst` from a carry of dtype `carry`, does not fit: `Declined` for
+/// `Logsumexp`, `Moments` and `Arg` scans and for `Max`/`Min` of complex terms (this library
+/// orders none), `WrongDtype` for `dst` or a carry of the wrong dtype or a `Sum`/`Prod` of
+/// booleans, `ShapeMismatch` for an axis past the rank (a rank-0 operand has none). It reads no
+/// shape but the rank.
+pub fn scan_refusal(
+    reduction: Reduction,
+    rank: usize,
+    axis: usize,
+    dst: crate::Dtype,
+    carry: Option<crate::Dtype>,
+    src: crate::Dtype,
+) -> Option<(Answer, String)> {
+    use crate::Kind;
+    if !matches!(reduction, Reduction::Sum | Reduction::Prod | Reduction::Max | Reduction::Min) {
+        return Some((Answer::Declined, format!("{reduction:?} scans are not built")));
+    }
+    if axis >= rank {
+        return Some((Answer::ShapeMismatch, format!("axis {axis} of an operand of rank {rank}")));
+    }
+    if dst != src {
+        return Some((Answer::WrongDtype, format!("the destination is {dst}, the operand {src}")));
+    }
+    if src == crate::Dtype::Bool && matches!(reduction, Reduction::Sum | Reduction::Prod) {
+        return Some((Answer::WrongDtype, format!("{reduction:?} takes no booleans")));
+    }
+    if src.kind() == Kind::Complex && matches!(reduction, Reduction::Max | Reduction::Min) {
+        return Some((Answer::Declined, format!("{reduction:?} of complex terms has no order here")));
+    }
+    match carry {
+        Some(c) if c != src.carrier() => {
+            Some((Answer::WrongDtype, format!("the carry is {c}, the carrier of {src} is {}", src.carrier())))
+        }
+        _ => None,
     }
 }
 
@@ -135,18 +181,84 @@ pub trait Kernels {
         init: Option<&dyn Operand>,
     ) -> Answer;
 
-    /// A Sum, Prod, Max or Min scan of `src` along `axis` into `dst`. Not built yet.
-    fn scan(&self, _reduction: Reduction, _axis: usize, _dst: &dyn Operand, _src: &dyn Operand) -> Answer {
+    /// A scan of `src` along `axis` by `reduction` (`Sum`, `Prod`, `Max` or `Min`) into `dst`
+    /// (`src`'s shape and dtype): result `i` combines the terms up to `i` in the carrier
+    /// ([`crate::Dtype::carrier`]), continuing from `carry` (the carrier's dtype, `src`'s shape
+    /// without `axis`) where given — the value of the result before the first term — else a
+    /// `Sum` from +0 and the others from their first term. The scan of a prefix of the axis is the
+    /// prefix of the scan, bit for bit; [`scan_refusal`] names what does not fit.
+    fn scan(
+        &self,
+        _reduction: Reduction,
+        _axis: usize,
+        _carry: Option<&dyn Operand>,
+        _dst: &dyn Operand,
+        _src: &dyn Operand,
+    ) -> Answer {
         Answer::Declined
     }
 
-    /// `dst[..., i, ...] = src[..., index[i], ...]` along `axis`. Not built yet.
+    /// `dst[o…, t…, i…] = src[o…, index[t…], i…]`: the elements of `src` at positions `index`
+    /// (an `i64` array of any shape) along `axis`; `dst` has `src`'s shape with `axis` replaced
+    /// by `index`'s. An index outside `0..src.shape[axis]` is refused as
+    /// [`Answer::IndexOutOfRange`] before any write (on a queued device, when the work runs: the
+    /// device is then lost, naming it). Bits are copied.
     fn gather(&self, _axis: usize, _dst: &dyn Operand, _src: &dyn Operand, _index: &dyn Operand) -> Answer {
         Answer::Declined
     }
 
-    /// A stable sort of `src` along `axis` into `dst`. Not built yet.
-    fn sort(&self, _axis: usize, _descending: bool, _dst: &dyn Operand, _src: &dyn Operand) -> Answer {
+    /// `dst[o…, t…, k, i…] = src[o…, starts[t…] + k, i…]` for `k < run`: runs of `run`
+    /// consecutive elements along `axis` from each of `starts` (an `i64` array); a run past the
+    /// axis is refused as [`Answer::IndexOutOfRange`], as [`Kernels::gather`] refuses.
+    fn range_gather(
+        &self,
+        _axis: usize,
+        _run: usize,
+        _dst: &dyn Operand,
+        _src: &dyn Operand,
+        _starts: &dyn Operand,
+    ) -> Answer {
+        Answer::Declined
+    }
+
+    /// `dst = into` (zeros without it), then for each `t` in order `dst[o…, index[t], i…]`
+    /// receives `src[o…, t, i…]` by `mode`: `Set` (the last `t` of a duplicate index wins) or
+    /// `Add` (in the carrier, in order of `t`, rounded once). `index` is 1-D, of `src.shape[axis]`
+    /// elements; `src` has `dst`'s shape with `axis` of that extent; `into` has `dst`'s shape and
+    /// may be identical to it. Indices are checked as [`Kernels::gather`] checks them.
+    fn scatter(
+        &self,
+        _mode: Scatter,
+        _axis: usize,
+        _dst: &dyn Operand,
+        _into: Option<&dyn Operand>,
+        _src: &dyn Operand,
+        _index: &dyn Operand,
+    ) -> Answer {
+        Answer::Declined
+    }
+
+    /// A stable sort of `src` along `axis`, ascending or `descending`, in the order of
+    /// `Maximum`/`Minimum` (NaNs greatest, −0 below +0), writing the first `k` of each lane's
+    /// sorted elements into `values` and their positions (`i64`) into `positions` — `k` their
+    /// extent along `axis` (at most `src`'s; `k` below it is a top-k). Either destination may be
+    /// absent, not both.
+    fn sort(
+        &self,
+        _axis: usize,
+        _descending: bool,
+        _values: Option<&dyn Operand>,
+        _positions: Option<&dyn Operand>,
+        _src: &dyn Operand,
+    ) -> Answer {
+        Answer::Declined
+    }
+
+    /// Writes each piece into `dst` at its offset (the index of its first element in `dst`), in
+    /// order: a later piece overwrites an earlier where they overlap, and elements no piece
+    /// covers keep what `dst` held. The first piece may be identical to `dst` where it is the
+    /// whole result. Concatenation, stacking and writing a box.
+    fn assemble(&self, _dst: &dyn Operand, _pieces: &[(&[usize], &dyn Operand)]) -> Answer {
         Answer::Declined
     }
 

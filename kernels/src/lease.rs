@@ -158,7 +158,13 @@ mod tests {
         assert!(z.iter().all(|&x| x == 0));
         let e = z.into_array(&[7, 10]).unwrap_err();
         assert!(e.to_string().contains("Lease::into_array") && e.to_string().contains("70"), "{e}");
+        // booleans from a block that held other bytes: zeroed all the same
+        let mut l = Lease::<u8>::uninit(&rig, 5).unwrap();
+        l.fill(7);
+        drop(l);
+        let before = rig.pool_stats().reused;
         let b = Lease::<bool>::uninit(&rig, 5).unwrap();
+        assert_eq!(rig.pool_stats().reused, before + 1, "the block of sevens is reused");
         assert!(b.iter().all(|&x| !x));
         let empty = Lease::<f32>::uninit(&rig, 0).unwrap();
         assert_eq!(empty.into_array(&[0, 3]).unwrap().numel(), 0);

@@ -22,6 +22,12 @@ impl Ptr {
         Ptr(o.buffer().host_ptr().map_or(std::ptr::null_mut(), |p| p.as_ptr()))
     }
 
+    /// The address `bytes` past this one.
+    #[inline(always)]
+    pub(crate) fn byte(self, bytes: isize) -> *mut u8 {
+        self.0.wrapping_offset(bytes)
+    }
+
     /// The address of element position `pos` of an array of dtype `d`.
     pub(crate) fn at(self, d: Dtype, pos: isize) -> *mut u8 {
         self.0.wrapping_offset(pos * d.size() as isize)

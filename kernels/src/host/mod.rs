@@ -12,7 +12,15 @@
 //! - **contract**: `f32`, `f64`, `c64`, `c128` natively, `f16` and `bf16` widened exactly to `f32`
 //!   and accumulated there, each output rounded once into its dtype. Declines integers and
 //!   booleans. Operands and `init` must share the destination's dtype (else `WrongDtype`).
-//! - Scans, gathers, sorts and transforms: declined (not built yet).
+//! - **scan**: `Sum`, `Prod`, `Max` and `Min` of every dtype it reduces, from an optional carry;
+//!   declines `Logsumexp`, `Moments` and `Arg` scans and `Max`/`Min` of complex terms.
+//! - **gather**, **range gather**, **scatter** (`Set`, `Add`), **assemble**: every dtype (a
+//!   scatter's `Add` every dtype but booleans), `i64` indices. An index outside its axis is
+//!   refused as `IndexOutOfRange` before any write (on a queued device, when the work runs: the
+//!   device is lost, naming it).
+//! - **sort** (values and/or positions, a top-k where the destinations are shorter): every real
+//!   dtype and booleans; declines complex ones and lanes of 2³² elements or more.
+//! - Fourier transforms, matrix routines, attention: declined (not built yet).
 //!
 //! # Algorithms
 //!
@@ -41,6 +49,22 @@
 //!   the mean and the sum of squared deviations (two passes over the chunk, in `f64`) and combines
 //!   by Chan's formula, so the variance is a sum of non-negative terms: never negative. Nothing
 //!   depends on the thread count: the same bits with 1, 2 or 64 threads.
+//! - **Scans** cut each lane into blocks of 4096 terms. Block k's results continue from `C_k`,
+//!   left to right (`r_i = C_k ⊕ x_{4096k} ⊕ … ⊕ x_i`, one combination per term); `C_0` is the
+//!   carry (a `Sum` without one: +0; the others: nothing, so the first result is the first term),
+//!   and `C_{k+1} = C_k ⊕ T_k`, `T_k` block k's terms combined left to right from its first.
+//!   Blocks do not depend on the lane's length, so the scan of a prefix is the prefix of the
+//!   scan; many lanes run in parallel, a few long ones block by block (totals, then results), the
+//!   same combinations either way: the same bits on any thread count.
+//! - **Gathers and scatters** move whole rows (the axes after the indexed one), a row one copy
+//!   where its axes are C-contiguous; a scatter sorts its indices by destination (a stable
+//!   counting sort) and each destination row, on one thread, receives its sources in index
+//!   order — `Add` sums each element in the carrier from `into`'s value (or +0) and rounds once.
+//! - **Sorts** map each element to an integer key whose order is the contract's (NaNs greatest,
+//!   all alike; −0 below +0; descending: the key complemented) and sort (key, position) pairs:
+//!   by LSD radix over the key's bytes (passes of one digit skipped) from 1024 elements, by the
+//!   standard library's sort below; a top-k of k ≤ n/16 selects then sorts the k. Pairs are
+//!   unique, so every path gives the one stable order. Lanes run in parallel.
 //! - **Contractions** permute each operand to (batch, free, contracting) as a view, or copy it
 //!   when no view exists, and call `faer`'s matrix product per batch: one batch on every thread of
 //!   the pool, many batches one thread each. faer blocks the contracting axis by cache sizes alone,
@@ -58,6 +82,9 @@
 //! - `Logsumexp` is within about (n + 3)·u₆₄ + u of the exact value, u₆₄ = 2⁻⁵³ and u the rounding
 //!   into the destination; `Moments`' mean and variance within a relative few·n·u₆₄ of their values
 //!   in the carrier's terms (plus the final rounding).
+//! - A `Sum` scan's result i (k = ⌊i/4096⌋) is within γ(i + 2)·(|carry| + Σ|x|) of the exact sum
+//!   of the carry and its terms (each term passes through at most i + 1 additions); a `Prod`
+//!   within a relative γ(i + 2). Integer, boolean, `Max` and `Min` scans are exact.
 //! - A contraction output with K products is within γ(K + 1)·(|init| + Σ|a||b|) for real dtypes
 //!   (each product fused into one addition, then `init`) and within γ(2K + 2) for complex ones.
 //!
@@ -66,17 +93,22 @@
 //! The library is safe to call from several threads at once: each call claims its arrays through
 //! the door, which refuses (never waits for) a conflicting claim.
 
+mod assemble;
 mod contract;
 pub(crate) mod eval;
 mod fused;
+mod gather;
+mod lanes;
 mod map;
 mod reduce;
 pub(crate) mod reg;
+mod scan;
+mod sort;
 
 use std::sync::Arc;
 
 use crate::door::Operand;
-use crate::kernels::{Contraction, Kernels, Reduction};
+use crate::kernels::{Contraction, Kernels, Reduction, Scatter};
 use crate::prog::Prog;
 use crate::rig::Work;
 use crate::{Answer, Error, Result};
@@ -145,6 +177,59 @@ impl Kernels for Host {
         init: Option<&dyn Operand>,
     ) -> Answer {
         self.run(|| contract::contract(spec, dst, a, b, init))
+    }
+
+    fn scan(
+        &self,
+        reduction: Reduction,
+        axis: usize,
+        carry: Option<&dyn Operand>,
+        dst: &dyn Operand,
+        src: &dyn Operand,
+    ) -> Answer {
+        self.run(|| scan::scan(reduction, axis, carry, dst, src))
+    }
+
+    fn gather(&self, axis: usize, dst: &dyn Operand, src: &dyn Operand, index: &dyn Operand) -> Answer {
+        self.run(|| gather::gather(axis, None, dst, src, index))
+    }
+
+    fn range_gather(
+        &self,
+        axis: usize,
+        run: usize,
+        dst: &dyn Operand,
+        src: &dyn Operand,
+        starts: &dyn Operand,
+    ) -> Answer {
+        self.run(|| gather::gather(axis, Some(run), dst, src, starts))
+    }
+
+    fn scatter(
+        &self,
+        mode: Scatter,
+        axis: usize,
+        dst: &dyn Operand,
+        into: Option<&dyn Operand>,
+        src: &dyn Operand,
+        index: &dyn Operand,
+    ) -> Answer {
+        self.run(|| gather::scatter(mode, axis, dst, into, src, index))
+    }
+
+    fn sort(
+        &self,
+        axis: usize,
+        descending: bool,
+        values: Option<&dyn Operand>,
+        positions: Option<&dyn Operand>,
+        src: &dyn Operand,
+    ) -> Answer {
+        self.run(|| sort::sort(axis, descending, values, positions, src))
+    }
+
+    fn assemble(&self, dst: &dyn Operand, pieces: &[(&[usize], &dyn Operand)]) -> Answer {
+        self.run(|| assemble::assemble(dst, pieces))
     }
 }
 

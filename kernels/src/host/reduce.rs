@@ -15,8 +15,8 @@ use crate::{Answer, Dtype, Element, Value};
 /// Terms a chunk holds.
 pub(crate) const CHUNK: usize = 2048;
 
-/// What reductions need of a term type.
-trait Term: Copy + Send + Sync + 'static {
+/// What reductions (and scans) need of a term type.
+pub(crate) trait Term: Copy + Send + Sync + 'static {
     const ZERO: Self;
     const ONE: Self;
     fn add(self, o: Self) -> Self;

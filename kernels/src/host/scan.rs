@@ -1,0 +1,244 @@
+//! The scan kernel: Sum, Prod, Max and Min along an axis, from an optional carry, in blocks of
+//! [`BLOCK`] terms (see the library's docs for the association and its bound).
+
+use half::{bf16, f16};
+use num_complex::{Complex32, Complex64};
+use rayon::prelude::*;
+
+use super::eval::Ptr;
+use super::lanes::Lanes;
+use super::reduce::Term;
+use super::reg::dispatch_dtype;
+use super::through_door;
+use crate::door::Operand;
+use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
+use crate::kernels::{scan_refusal, Reduction};
+use crate::{Answer, Dtype, Element};
+
+/// Terms a block holds: results of block k continue from the combination of the totals of the
+/// blocks before it.
+pub(crate) const BLOCK: usize = 4096;
+
+/// An element type a scan reads and writes: its carrier, and its carry's element type (the
+/// contract's carrier dtype: `f32` for halves, the type itself otherwise).
+pub(crate) trait Scan: Element {
+    type C: Term;
+    type K: Element;
+    fn up(self) -> Self::C;
+    fn down(c: Self::C) -> Self;
+    fn carry(k: Self::K) -> Self::C;
+}
+
+macro_rules! scan_same {
+    ($t:ty, $c:ty) => {
+        impl Scan for $t {
+            type C = $c;
+            type K = $t;
+            #[inline(always)]
+            fn up(self) -> $c {
+                self as $c
+            }
+            #[inline(always)]
+            fn down(c: $c) -> $t {
+                c as $t
+            }
+            fn carry(k: $t) -> $c {
+                k as $c
+            }
+        }
+    };
+}
+scan_same!(i8, i64);
+scan_same!(i16, i64);
+scan_same!(i32, i64);
+scan_same!(i64, i64);
+scan_same!(u8, u64);
+scan_same!(u16, u64);
+scan_same!(u32, u64);
+scan_same!(u64, u64);
+scan_same!(f32, f32);
+scan_same!(f64, f64);
+
+macro_rules! scan_self {
+    ($t:ty) => {
+        impl Scan for $t {
+            type C = $t;
+            type K = $t;
+            fn up(self) -> $t {
+                self
+            }
+            fn down(c: $t) -> $t {
+                c
+            }
+            fn carry(k: $t) -> $t {
+                k
+            }
+        }
+    };
+}
+scan_self!(bool);
+scan_self!(Complex32);
+scan_self!(Complex64);
+
+macro_rules! scan_half {
+    ($t:ty, $down:expr) => {
+        impl Scan for $t {
+            type C = f32;
+            type K = f32;
+            #[inline(always)]
+            fn up(self) -> f32 {
+                self.to_f32()
+            }
+            #[inline(always)]
+            fn down(c: f32) -> $t {
+                $down(c)
+            }
+            fn carry(k: f32) -> f32 {
+                k
+            }
+        }
+    };
+}
+scan_half!(f16, f32_to_f16);
+scan_half!(bf16, f32_to_bf16);
+
+pub(crate) fn scan(
+    reduction: Reduction,
+    axis: usize,
+    carry: Option<&dyn Operand>,
+    dst: &dyn Operand,
+    src: &dyn Operand,
+) -> Answer {
+    let rank = src.layout().rank();
+    if let Some((a, _)) = scan_refusal(reduction, rank, axis, dst.dtype(), carry.map(|c| c.dtype()), src.dtype()) {
+        return a;
+    }
+    let mut read: Vec<&dyn Operand> = vec![src];
+    read.extend(carry);
+    through_door(&[dst], &read, move |w, r, execute| {
+        let (dst, src, carry) = (w[0], r[0], r.get(1).copied());
+        let shape = src.layout().shape();
+        if dst.layout().shape() != shape {
+            return Answer::ShapeMismatch;
+        }
+        if let Some(c) = carry {
+            let mut want = shape.to_vec();
+            want.remove(axis);
+            if c.layout().shape() != want {
+                return Answer::ShapeMismatch;
+            }
+        }
+        if !dst.layout().is_contiguous() {
+            return Answer::Declined;
+        }
+        if !execute {
+            return Answer::Done;
+        }
+        macro_rules! go {
+            ($t:ty) => {
+                run::<$t>(reduction, axis, carry, dst, src)
+            };
+        }
+        dispatch_dtype!(src.dtype(), go);
+        Answer::Done
+    })
+}
+
+fn run<T: Scan>(r: Reduction, axis: usize, carry: Option<&dyn Operand>, dst: &dyn Operand, src: &dyn Operand) {
+    match r {
+        Reduction::Sum => lanes::<T, _>(axis, carry, dst, src, true, Term::add),
+        Reduction::Prod => lanes::<T, _>(axis, carry, dst, src, false, Term::mul),
+        Reduction::Max => lanes::<T, _>(axis, carry, dst, src, false, Term::max),
+        Reduction::Min => lanes::<T, _>(axis, carry, dst, src, false, Term::min),
+        // refused by `scan_refusal`
+        _ => {}
+    }
+}
+
+/// Scans every lane along `axis`: lanes in parallel where there are enough, else each lane's
+/// blocks in parallel (the same combinations either way: the same bits).
+fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
+    axis: usize,
+    carry: Option<&dyn Operand>,
+    dst: &dyn Operand,
+    src: &dyn Operand,
+    from_zero: bool,
+    f: F,
+) {
+    let (sl, dl) = (Lanes::new(src.layout(), axis), Lanes::new(dst.layout(), axis));
+    let cl = carry.map(|c| Lanes::new(c.layout(), c.layout().rank()));
+    let (sp, dp, cp) = (Ptr::of(src), Ptr::of(dst), carry.map(Ptr::of));
+    let size = T::DTYPE.size() as isize;
+    let ksize = T::K::DTYPE.size() as isize;
+    let n = sl.len();
+    let one = |lane: usize, split: bool| {
+        // SAFETY (every load and store below): the door holds the claims for the call; positions
+        // come from the checked layouts of the operands, lanes and indices in range; each task
+        // writes its own lane's (or block's) elements of the destination alone.
+        let start = cl.as_ref().map(|c| c.start(lane));
+        // SAFETY: under the call's claims, at positions of the checked layouts (see above).
+        let c0: Option<T::C> = start.zip(cp).map(|(s, p)| T::carry(unsafe { T::K::load(p.byte(s * ksize)) }));
+        let c0 = c0.or(if from_zero { Some(<T::C as Term>::ZERO) } else { None });
+        let (s0, d0) = (sl.start(lane), dl.start(lane));
+        // SAFETY: under the call's claims, at positions of the checked layouts (see above).
+        let get = |k: usize| unsafe { T::load(sp.byte((s0 + k as isize * sl.stride()) * size)).up() };
+        // SAFETY: under the call's claims, at positions of the checked layouts (see above).
+        let put = |k: usize, v: T::C| unsafe { T::store(dp.byte((d0 + k as isize * dl.stride()) * size), T::down(v)) };
+        let blocks = n.div_ceil(BLOCK);
+        // a block's total, from its first term
+        let total = |b: usize| {
+            let (lo, hi) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+            (lo + 1..hi).fold(get(lo), |a, k| f(a, get(k)))
+        };
+        // a block's results, from what the blocks before it combine to
+        let results = |b: usize, before: Option<T::C>| {
+            let mut acc = before;
+            for k in b * BLOCK..((b + 1) * BLOCK).min(n) {
+                let x = get(k);
+                let v = match acc {
+                    Some(a) => f(a, x),
+                    None => x,
+                };
+                put(k, v);
+                acc = Some(v);
+            }
+        };
+        // what the blocks before each block combine to: the carry (or nothing), then the totals
+        let chain = |totals: &[T::C]| {
+            let mut before = Vec::with_capacity(totals.len() + 1);
+            let mut c = c0;
+            before.push(c);
+            for t in totals {
+                c = Some(match c {
+                    Some(c) => f(c, *t),
+                    None => *t,
+                });
+                before.push(c);
+            }
+            before
+        };
+        if split && blocks > 1 {
+            let totals: Vec<T::C> = (0..blocks - 1).into_par_iter().map(total).collect();
+            let before = chain(&totals);
+            (0..blocks).into_par_iter().for_each(|b| results(b, before[b]));
+        } else {
+            let mut c = c0;
+            for b in 0..blocks {
+                results(b, c);
+                if b + 1 < blocks {
+                    let t = total(b);
+                    c = Some(match c {
+                        Some(c) => f(c, t),
+                        None => t,
+                    });
+                }
+            }
+        }
+    };
+    let count = sl.count();
+    if count >= 2 * rayon::current_num_threads() || n <= BLOCK {
+        (0..count).into_par_iter().with_min_len(16).for_each(|lane| one(lane, false));
+    } else {
+        (0..count).for_each(|lane| one(lane, true));
+    }
+}

@@ -1,0 +1,191 @@
+//! `Tensor` ops along an axis (cumsum, sort, argsort, topk, gather, scatter_add, concat, stack,
+//! softmax, log_softmax) on meshes of 1–6 simulated ranks and uneven shapes, each against a naive
+//! single-device computation written here; errors for axes the placement cuts.
+
+use nx::{launch_with, LaunchOptions, Placement, PlacementSpec, Tensor};
+
+fn opts(n: usize) -> LaunchOptions {
+    LaunchOptions { devices: Some(n), ..Default::default() }
+}
+
+fn f(i: &[usize]) -> f64 {
+    ((i[0] * 37 + i[1] * 11) % 17) as f64 * 0.5 - 3.0
+}
+
+const MESHES: [(usize, usize); 5] = [(1, 1), (2, 1), (1, 3), (2, 2), (3, 2)];
+
+#[test]
+fn cumsum_and_sorts_along_a_whole_axis_match_one_device() {
+    for (dp, tp) in MESHES {
+        let (m, n) = (2 * dp + 1, 3 * tp + 2);
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            let x = Tensor::<f64>::from_fn(ctx, &[m, n], &p("mesh(0:dp)")?, f)?;
+            // cumsum along the whole axis 1, of a closed and of a partial value
+            let mut want = vec![0.0; m * n];
+            for i in 0..m {
+                let mut s = 0.0;
+                for j in 0..n {
+                    s += f(&[i, j]);
+                    want[i * n + j] = s;
+                }
+            }
+            let got = x.cumsum(1)?.full()?.to_vec()?;
+            assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "{got:?}");
+            let part = x.place(&p("partial(tp; 0:dp)")?)?;
+            let got = part.cumsum(1)?.full()?.to_vec()?;
+            assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "partial: {got:?}");
+            // sorts: stable, descending, a top-3
+            let (vals, pos) = x.topk(3, 1)?;
+            let all = x.argsort(1, false)?.full()?.to_vec()?;
+            let sorted = x.sort(1, true)?.full()?.to_vec()?;
+            let (vals, pos) = (vals.full()?.to_vec()?, pos.full()?.to_vec()?);
+            for i in 0..m {
+                let mut lane: Vec<(f64, i64)> = (0..n).map(|j| (f(&[i, j]), j as i64)).collect();
+                lane.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+                assert_eq!(&all[i * n..(i + 1) * n], lane.iter().map(|x| x.1).collect::<Vec<_>>().as_slice());
+                lane.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap());
+                assert_eq!(&sorted[i * n..(i + 1) * n], lane.iter().map(|x| x.0).collect::<Vec<_>>().as_slice());
+                assert_eq!(&pos[i * 3..i * 3 + 3], lane[..3].iter().map(|x| x.1).collect::<Vec<_>>().as_slice());
+                assert_eq!(&vals[i * 3..i * 3 + 3], lane[..3].iter().map(|x| x.0).collect::<Vec<_>>().as_slice());
+            }
+            // a cut axis is an error naming the placement; a sum cannot be sorted
+            if dp > 1 {
+                let e = x.cumsum(0).unwrap_err().to_string();
+                assert!(
+                    e.contains("nx::Tensor::cumsum") && e.contains("mesh(0:dp)") && e.contains("place it whole"),
+                    "{e}"
+                );
+            }
+            if tp > 1 {
+                let e = part.sort(1, false).unwrap_err().to_string();
+                assert!(e.contains("sum of terms"), "{e}");
+            }
+            assert!(x.topk(n + 1, 1).unwrap_err().to_string().contains("past axis 1"));
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}
+
+#[test]
+fn embedding_lookups_and_their_gradients_follow_the_placements() {
+    for (dp, tp) in MESHES {
+        let (vocab, width, tokens) = (7, 2 * tp + 1, 3 * dp + 1);
+        let id = |t: usize| ((t * 5 + 2) % vocab) as i64;
+        let table = |i: &[usize]| (i[0] * 10 + i[1]) as f64;
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            // a table cut over tp by columns, ids cut over dp: rows over dp, columns over tp
+            let w = Tensor::<f64>::from_fn(ctx, &[vocab, width], &p("mesh(1:tp)")?, table)?;
+            let ids = Tensor::<i64>::from_fn(ctx, &[tokens], &p("mesh(0:dp)")?, |i| id(i[0]))?;
+            let rows = w.gather(0, &ids)?;
+            assert!(rows.placement().equal(&p("mesh(0:dp, 1:tp)")?), "{}", rows.placement());
+            let want: Vec<f64> =
+                (0..tokens).flat_map(|t| (0..width).map(move |j| table(&[id(t) as usize, j]))).collect();
+            assert_eq!(rows.full()?.to_vec()?, want);
+            // ids of two axes: [2, tokens] → [2, tokens, width]
+            let ids2 = Tensor::<i64>::from_fn(ctx, &[2, tokens], &p("mesh(1:dp)")?, |i| id(i[0] + i[1]))?;
+            let r2 = w.gather(0, &ids2)?.full()?.to_vec()?;
+            for a in 0..2 {
+                for t in 0..tokens {
+                    for j in 0..width {
+                        assert_eq!(r2[(a * tokens + t) * width + j], table(&[id(a + t) as usize, j]));
+                    }
+                }
+            }
+            // the gradient: a sum over dp, closed by place
+            let g = Tensor::<f64>::from_fn(ctx, &[tokens, width], &p("mesh(0:dp, 1:tp)")?, |i| {
+                (i[0] + 1) as f64 * 0.5 + i[1] as f64
+            })?;
+            let grad = g.scatter_add(0, &ids, vocab)?;
+            if dp > 1 {
+                assert!(grad.placement().is_partial(), "{}", grad.placement());
+            }
+            let mut want = vec![0.0; vocab * width];
+            for t in 0..tokens {
+                for j in 0..width {
+                    want[id(t) as usize * width + j] += (t + 1) as f64 * 0.5 + j as f64;
+                }
+            }
+            let closed = grad.place(&p("mesh(1:tp)")?)?;
+            assert_eq!(closed.full()?.to_vec()?, want);
+            // a vocabulary cut over the mesh cannot be gathered along it, nor an index be a sum
+            if tp > 1 {
+                let cut = Tensor::<f64>::from_fn(ctx, &[vocab, width], &p("mesh(0:tp)")?, table)?;
+                let e = cut.gather(0, &ids).unwrap_err().to_string();
+                assert!(e.contains("nx::Tensor::gather") && e.contains("cut over tp"), "{e}");
+                // rows over tp and ids over tp would cut two axes by one mesh axis
+                let idt = Tensor::<i64>::from_fn(ctx, &[tokens], &p("mesh(0:tp)")?, |i| id(i[0]))?;
+                let e = w.gather(0, &idt).unwrap_err().to_string();
+                assert!(e.contains("would cut two axes"), "{e}");
+            }
+            // an index outside the table
+            let bad =
+                Tensor::<i64>::from_fn(
+                    ctx,
+                    &[tokens],
+                    &p("mesh(0:dp)")?,
+                    |i| if i[0] == 0 { vocab as i64 } else { 0 },
+                )?;
+            let e = w.gather(0, &bad);
+            if ctx.rank() == 0 || dp == 1 {
+                let e = e.unwrap_err().to_string();
+                assert!(e.contains("outside the axis"), "{e}");
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}
+
+#[test]
+fn concat_stack_and_softmax_match_one_device() {
+    for (dp, tp) in MESHES {
+        let (m, n) = (2 * dp + 1, 2 * tp + 3);
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            let a = Tensor::<f64>::from_fn(ctx, &[m, n], &p("mesh(0:dp)")?, f)?;
+            let b = Tensor::<f64>::from_fn(ctx, &[m, 2], &p("mesh(0:dp)")?, |i| -(i[0] as f64) - i[1] as f64)?;
+            let c = a.concat(&[&b], 1)?.full()?.to_vec()?;
+            for i in 0..m {
+                for j in 0..n + 2 {
+                    let want = if j < n { f(&[i, j]) } else { -(i as f64) - (j - n) as f64 };
+                    assert_eq!(c[i * (n + 2) + j], want);
+                }
+            }
+            let s = a.stack(&[&a.scale(2.0)?], 1)?;
+            assert!(s.placement().equal(&p("mesh(0:dp)")?));
+            let s = s.full()?.to_vec()?;
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(s[(i * 2) * n + j], f(&[i, j]));
+                    assert_eq!(s[(i * 2 + 1) * n + j], 2.0 * f(&[i, j]));
+                }
+            }
+            let sm = a.softmax(1)?.full()?.to_vec()?;
+            let lsm = a.log_softmax(1)?.full()?.to_vec()?;
+            for i in 0..m {
+                let mx = (0..n).map(|j| f(&[i, j])).fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = (0..n).map(|j| (f(&[i, j]) - mx).exp()).sum();
+                for j in 0..n {
+                    let want = f(&[i, j]) - mx - z.ln();
+                    assert!((lsm[i * n + j] - want).abs() < 1e-12, "{} vs {want}", lsm[i * n + j]);
+                    assert!((sm[i * n + j] - want.exp()).abs() < 1e-12);
+                }
+            }
+            if dp > 1 {
+                let e = a.concat(&[&b], 0).unwrap_err().to_string();
+                assert!(e.contains("nx::Tensor::concat") && e.contains("cut over dp"), "{e}");
+                let moved = b.place(&p("mesh()")?)?;
+                let e = a.concat(&[&moved], 1).unwrap_err().to_string();
+                assert!(e.contains("place one first"), "{e}");
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}
