@@ -189,3 +189,53 @@ fn concat_stack_and_softmax_match_one_device() {
         .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
     }
 }
+
+#[test]
+fn attention_runs_on_each_ranks_heads_and_matches_one_device() {
+    for (dp, tp) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+        let (b, hq, hk, t, d) = (dp + 1, 4 * tp, 2 * tp, 13, 5);
+        let q = |i: &[usize]| ((i[0] * 31 + i[1] * 17 + i[2] * 7 + i[3] * 3) % 19) as f64 / 19.0 - 0.5;
+        let k = |i: &[usize]| ((i[0] * 13 + i[1] * 5 + i[2] * 11 + i[3]) % 23) as f64 / 23.0 - 0.5;
+        let v = |i: &[usize]| ((i[0] + i[1] * 3 + i[2] * 2 + i[3] * 5) % 7) as f64 - 3.0;
+        // the naive causal softmax(QKᵀ/√d)V in f64
+        let mut want = vec![0.0; b * hq * t * d];
+        for bb in 0..b {
+            for h in 0..hq {
+                let g = h / (hq / hk);
+                for i in 0..t {
+                    let s: Vec<f64> = (0..=i)
+                        .map(|j| (0..d).map(|c| q(&[bb, h, i, c]) * k(&[bb, g, j, c])).sum::<f64>() / (d as f64).sqrt())
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                    for c in 0..d {
+                        want[((bb * hq + h) * t + i) * d + c] =
+                            (0..=i).map(|j| (s[j] - m).exp() / z * v(&[bb, g, j, c])).sum();
+                    }
+                }
+            }
+        }
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = "mesh(0:dp, 1:tp)".parse::<PlacementSpec>()?.over(&mesh)?;
+            let (qt, kt, vt) = (
+                Tensor::<f64>::from_fn(ctx, &[b, hq, t, d], &p, q)?,
+                Tensor::<f64>::from_fn(ctx, &[b, hk, t, d], &p, k)?,
+                Tensor::<f64>::from_fn(ctx, &[b, hk, t, d], &p, v)?,
+            );
+            let o = qt.attention(&kt, &vt, true, None)?;
+            assert!(o.placement().equal(&p));
+            let got = o.full()?.to_vec()?;
+            assert!(got.iter().zip(&want).all(|(x, y)| (x - y).abs() < 1e-12), "dp={dp},tp={tp}");
+            // rows cut: an error naming the placement
+            let rows = "mesh(2:dp.tp)".parse::<PlacementSpec>()?.over(&mesh)?;
+            if dp * tp > 1 {
+                let qr = qt.place(&rows)?;
+                let e = qr.attention(&kt.place(&rows)?, &vt.place(&rows)?, true, None).unwrap_err().to_string();
+                assert!(e.contains("nx::Tensor::attention") && e.contains("axis 2 is cut"), "{e}");
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}

@@ -103,6 +103,81 @@ pub fn scan_refusal(
     }
 }
 
+/// The attributes of an attention ([`Kernels::attention`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attention {
+    /// The score's factor `s` (rounded to the accumulator), commonly `1/√dk`.
+    pub scale: f64,
+    /// The causal mask: query row `i` sees the keys at positions up to `i + c` (`Some(0)`: the
+    /// lower triangle, as `torch`'s `is_causal`; `Some(tk − tq)`: aligned at the last key, as a
+    /// decoder's cache is); `None`: every key.
+    pub causal: Option<i64>,
+    /// The accumulator: [`crate::Dtype::F32`] or [`crate::Dtype::F64`].
+    pub acc: crate::Dtype,
+}
+
+/// The keys and values of an attention.
+#[derive(Clone, Copy)]
+pub enum Kv<'a> {
+    /// `k` `[lead…, hk, tk, dk]` and `v` `[lead…, hk, tk, dv]`.
+    Dense {
+        /// The keys.
+        k: &'a dyn Operand,
+        /// The values.
+        v: &'a dyn Operand,
+    },
+    /// Pools `k` `[pages, hk, page, dk]` and `v` `[pages, hk, page, dv]` read through `table`
+    /// (`i64` `[lead…, max_pages]`): key `t` of lead index `b` is entry `table[b, t / page]` at
+    /// `t mod page`, `tk = max_pages · page`; an entry outside `0..pages` is a hole (its keys
+    /// are not visible and never read).
+    Paged {
+        /// The key pool.
+        k: &'a dyn Operand,
+        /// The value pool.
+        v: &'a dyn Operand,
+        /// The page table.
+        table: &'a dyn Operand,
+    },
+}
+
+/// `Some((refusal, why))` where an attention of `spec` over a query of dtype `q` and rank `rank`
+/// (at least 3), keys `k` and values `v`, into `o` and `lse`, does not fit: `WrongDtype` for an
+/// accumulator that is not `f32` or `f64`, an operand that is not a real float narrower than or
+/// as wide as it, or an `lse` not of its dtype; `ShapeMismatch` for a rank below 3. It reads no
+/// shape but the rank.
+pub fn attention_refusal(
+    spec: &Attention,
+    q: crate::Dtype,
+    rank: usize,
+    o: crate::Dtype,
+    lse: crate::Dtype,
+    k: crate::Dtype,
+    v: crate::Dtype,
+) -> Option<(Answer, String)> {
+    use crate::Dtype;
+    if !matches!(spec.acc, Dtype::F32 | Dtype::F64) {
+        return Some((Answer::WrongDtype, format!("the accumulator is {}, not f32 or f64", spec.acc)));
+    }
+    for (what, d) in [("q", q), ("k", k), ("v", v), ("o", o)] {
+        if !d.is_float() || d.kind() == crate::Kind::Complex || d.size() > spec.acc.size() {
+            return Some((
+                Answer::WrongDtype,
+                format!("{what} is {d}: a real float no wider than the accumulator {}", spec.acc),
+            ));
+        }
+    }
+    if lse != spec.acc {
+        return Some((Answer::WrongDtype, format!("lse is {lse}, the accumulator {}", spec.acc)));
+    }
+    if rank < 3 {
+        return Some((
+            Answer::ShapeMismatch,
+            format!("a query of rank {rank}: [lead…, heads, rows, dk] has at least 3"),
+        ));
+    }
+    None
+}
+
 /// A general contraction of `a` with `b`: the batch pairs, then the contracting pairs (axis of
 /// `a`, axis of `b`), each pair of one extent. The result's axes are the batch pairs, then `a`'s
 /// free axes, then `b`'s, each in its operand's order.
@@ -250,6 +325,27 @@ pub trait Kernels {
         _values: Option<&dyn Operand>,
         _positions: Option<&dyn Operand>,
         _src: &dyn Operand,
+    ) -> Answer {
+        Answer::Declined
+    }
+
+    /// Attention of query rows `q` `[lead…, hq, tq, dk]` against keys and values `kv` (dense
+    /// `[lead…, hk, tk, d]`, or paged pools read through a table) into `o` `[lead…, hq, tq, dv]`
+    /// and `lse` `[lead…, hq, tq]` (the accumulator's dtype): query head `h` reads key head
+    /// `h / (hq / hk)`; a pair's score is `scale × q·k` in the accumulator; a pair is visible
+    /// where its key lies before the lead index's length (`lengths`, `i64` `[lead…]`; `tk`
+    /// without), on a page of the pool, and within the causal mask. `lse` is the log-sum-exp of a
+    /// row's visible scores and `o` their values weighted by `exp(score − lse)`; a row of no
+    /// visible pair has `o = +0`, `lse = −∞`. A length outside `0..=tk` is refused as
+    /// [`Answer::IndexOutOfRange`]; [`attention_refusal`] names dtypes that do not fit.
+    fn attention(
+        &self,
+        _spec: &Attention,
+        _o: &dyn Operand,
+        _lse: &dyn Operand,
+        _q: &dyn Operand,
+        _kv: Kv<'_>,
+        _lengths: Option<&dyn Operand>,
     ) -> Answer {
         Answer::Declined
     }

@@ -31,7 +31,7 @@ pub use dtype::policy::{OpClass, Policy, PolicyChange};
 pub use dtype::promote::{binary_result, float_math_input, promoted, result_type, scalar_result, Scalar};
 pub use dtype::{Dtype, Element, Kind, Value};
 pub use host::Host;
-pub use kernels::{scan_refusal, Contraction, Extreme, Kernels, Reduction, Scatter};
+pub use kernels::{attention_refusal, scan_refusal, Attention, Contraction, Extreme, Kernels, Kv, Reduction, Scatter};
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 pub use lease::Lease;
 pub use prog::{map_refusal, reduce_refusal, Prog};

@@ -20,7 +20,9 @@
 //!   device is lost, naming it).
 //! - **sort** (values and/or positions, a top-k where the destinations are shorter): every real
 //!   dtype and booleans; declines complex ones and lanes of 2³² elements or more.
-//! - Fourier transforms, matrix routines, attention: declined (not built yet).
+//! - **attention**: dense and paged, grouped query heads, causal masks and lengths, operands of
+//!   `f16`, `bf16`, `f32` (and `f64` with an `f64` accumulator), accumulators `f32` and `f64`.
+//! - Fourier transforms, matrix routines: declined (not built yet).
 //!
 //! # Algorithms
 //!
@@ -65,6 +67,15 @@
 //!   by LSD radix over the key's bytes (passes of one digit skipped) from 1024 elements, by the
 //!   standard library's sort below; a top-k of k ≤ n/16 selects then sorts the k. Pairs are
 //!   unique, so every path gives the one stable order. Lanes run in parallel.
+//! - **Attention** is online (flash-style): per lead index and key head the visible keys (before
+//!   the length, on a page of the pool) are packed once, widened to the accumulator; a task takes
+//!   64 query rows of one head and walks tiles of 128 keys: `S = s·(Q Kᵀ)` by `faer`'s product
+//!   (one thread), the causal mask, then per row the running maximum m, `l = l·e^(m_old − m) +
+//!   Σ e^(S − m)` and `O = O·e^(m_old − m) + P V`; at the end `o = O / l`, `lse = m + ln l`.
+//!   Tiles past every row's causal mask are skipped. Scores are never held beyond a tile. A NaN
+//!   or infinity in a key or value past a row's length, or on a hole of the table, is never read;
+//!   one in a value the causal mask hides but a tile shares with a visible key reaches `o` (its
+//!   weight is 0, and 0 × NaN is NaN).
 //! - **Contractions** permute each operand to (batch, free, contracting) as a view, or copy it
 //!   when no view exists, and call `faer`'s matrix product per batch: one batch on every thread of
 //!   the pool, many batches one thread each. faer blocks the contracting axis by cache sizes alone,
@@ -85,6 +96,10 @@
 //! - A `Sum` scan's result i (k = ⌊i/4096⌋) is within γ(i + 2)·(|carry| + Σ|x|) of the exact sum
 //!   of the carry and its terms (each term passes through at most i + 1 additions); a `Prod`
 //!   within a relative γ(i + 2). Integer, boolean, `Max` and `Min` scans are exact.
+//! - Attention: with A = max over a row's visible pairs of s·Σ|qᵢkᵢ|, `lse` is within
+//!   ε = u·((dk + 2)·A + tk + 8 + |L|) of the exact log-sum-exp L, and each element of `o` within
+//!   (2ε + (tk + 8)·u)·max|v| of the exact weighted sum (u the accumulator's unit roundoff), before
+//!   the rounding into the destination's dtype.
 //! - A contraction output with K products is within γ(K + 1)·(|init| + Σ|a||b|) for real dtypes
 //!   (each product fused into one addition, then `init`) and within γ(2K + 2) for complex ones.
 //!
@@ -94,6 +109,7 @@
 //! the door, which refuses (never waits for) a conflicting claim.
 
 mod assemble;
+mod attention;
 mod contract;
 pub(crate) mod eval;
 mod fused;
@@ -108,7 +124,7 @@ mod sort;
 use std::sync::Arc;
 
 use crate::door::Operand;
-use crate::kernels::{Contraction, Kernels, Reduction, Scatter};
+use crate::kernels::{Attention, Contraction, Kernels, Kv, Reduction, Scatter};
 use crate::prog::Prog;
 use crate::rig::Work;
 use crate::{Answer, Error, Result};
@@ -226,6 +242,18 @@ impl Kernels for Host {
         src: &dyn Operand,
     ) -> Answer {
         self.run(|| sort::sort(axis, descending, values, positions, src))
+    }
+
+    fn attention(
+        &self,
+        spec: &Attention,
+        o: &dyn Operand,
+        lse: &dyn Operand,
+        q: &dyn Operand,
+        kv: Kv<'_>,
+        lengths: Option<&dyn Operand>,
+    ) -> Answer {
+        self.run(|| attention::attention(spec, o, lse, q, kv, lengths))
     }
 
     fn assemble(&self, dst: &dyn Operand, pieces: &[(&[usize], &dyn Operand)]) -> Answer {

@@ -1,0 +1,422 @@
+//! The attention kernel: online (flash-style) softmax over tiles of keys, never holding more than
+//! a tile of scores; dense and paged keys, grouped query heads, causal masks and lengths.
+//!
+//! For each lead index and key head, the visible keys (before the lead's length, on a page of the
+//! pool) are packed once, widened to the accumulator, with their positions. Each task takes
+//! [`QB`] query rows of one query head: `S = s × (Q Kᵀ)` over a tile of [`KB`] keys by `faer`'s
+//! product, the causal mask applied, then per row the running maximum `m`, the sum `l` of
+//! `exp(S − m)` and `O += P V`, rescaled by `exp(m_old − m)` when the maximum grows. At the end
+//! `o = O / l`, `lse = m + ln l`; a row of no visible key has `o = +0`, `lse = −∞`.
+
+use rayon::prelude::*;
+
+use super::eval::Ptr;
+use super::through_door;
+use crate::door::Operand;
+use crate::kernels::{attention_refusal, Attention, Kv};
+use crate::{Answer, Dtype, Element};
+
+/// Query rows a task takes.
+pub(crate) const QB: usize = 64;
+/// Keys a tile holds.
+pub(crate) const KB: usize = 128;
+
+/// The accumulator: `f32` or `f64`.
+trait Acc: faer::traits::ComplexField + Copy + Send + Sync + PartialOrd + 'static {
+    const ZERO: Self;
+    const NEG_INF: Self;
+    fn of(x: f64) -> Self;
+    fn fexp(self) -> Self;
+    fn fln(self) -> Self;
+    fn read(d: Dtype, p: *const u8) -> Self;
+    fn fmax(self, o: Self) -> Self;
+    fn fmul(self, o: Self) -> Self;
+    fn fadd(self, o: Self) -> Self;
+    fn fsub(self, o: Self) -> Self;
+    fn fdiv(self, o: Self) -> Self;
+    fn to_f64(self) -> f64;
+    fn nan(self) -> bool;
+}
+
+macro_rules! acc {
+    ($t:ty) => {
+        impl Acc for $t {
+            const ZERO: Self = 0.0;
+            const NEG_INF: Self = <$t>::NEG_INFINITY;
+            fn of(x: f64) -> Self {
+                x as $t
+            }
+            fn fexp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn fln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline(always)]
+            fn read(d: Dtype, p: *const u8) -> Self {
+                // SAFETY: the caller passes the address of an element of dtype `d` under a claim.
+                unsafe {
+                    match d {
+                        Dtype::F16 => <half::f16 as Element>::load(p).to_f64() as $t,
+                        Dtype::BF16 => <half::bf16 as Element>::load(p).to_f64() as $t,
+                        Dtype::F32 => <f32 as Element>::load(p) as $t,
+                        _ => <f64 as Element>::load(p) as $t,
+                    }
+                }
+            }
+            #[inline(always)]
+            fn fmax(self, o: Self) -> Self {
+                <$t>::max(self, o)
+            }
+            #[inline(always)]
+            fn fmul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn fadd(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn fsub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn fdiv(self, o: Self) -> Self {
+                self / o
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn nan(self) -> bool {
+                self.is_nan()
+            }
+        }
+    };
+}
+acc!(f32);
+acc!(f64);
+
+/// Stores `x` as an element of float dtype `d` at `p`, rounded once.
+///
+/// # Safety
+/// `p` is the address of an element of dtype `d` under an exclusive claim.
+unsafe fn store(d: Dtype, p: *mut u8, x: f64, x32: Option<f32>) {
+    // SAFETY: the caller's contract. An f32 accumulator's value is stored from f32 (one rounding).
+    unsafe {
+        match (d, x32) {
+            (Dtype::F16, Some(v)) => <half::f16 as Element>::store(p, crate::dtype::convert::f32_to_f16(v)),
+            (Dtype::BF16, Some(v)) => <half::bf16 as Element>::store(p, crate::dtype::convert::f32_to_bf16(v)),
+            (Dtype::F16, None) => <half::f16 as Element>::store(p, half::f16::from_f64(x)),
+            (Dtype::BF16, None) => <half::bf16 as Element>::store(p, half::bf16::from_f64(x)),
+            (Dtype::F32, Some(v)) => <f32 as Element>::store(p, v),
+            (Dtype::F32, None) => <f32 as Element>::store(p, x as f32),
+            _ => <f64 as Element>::store(p, x),
+        }
+    }
+}
+
+/// An operand's layout as (extents, strides, offset).
+#[derive(Clone)]
+struct View {
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    offset: isize,
+    p: Ptr,
+    d: Dtype,
+}
+
+impl View {
+    fn of(o: &dyn Operand) -> View {
+        let l = o.layout();
+        View {
+            shape: l.shape().to_vec(),
+            strides: l.strides().to_vec(),
+            offset: l.offset(),
+            p: Ptr::of(o),
+            d: o.dtype(),
+        }
+    }
+
+    /// The position of the lead index `b` (flat over the first `lead` axes) with `rest` after.
+    fn pos(&self, lead: usize, b: usize, rest: &[usize]) -> isize {
+        let mut at = self.offset;
+        let mut k = b;
+        for d in (0..lead).rev() {
+            at += (k % self.shape[d]) as isize * self.strides[d];
+            k /= self.shape[d];
+        }
+        for (j, &i) in rest.iter().enumerate() {
+            at += i as isize * self.strides[lead + j];
+        }
+        at
+    }
+
+    fn addr(&self, pos: isize) -> *mut u8 {
+        self.p.byte(pos * self.d.size() as isize)
+    }
+
+    /// Element `pos`'s `i64` value.
+    fn int(&self, pos: isize) -> i64 {
+        // SAFETY: called under the door's claims with positions of the checked layout.
+        unsafe { <i64 as Element>::load(self.addr(pos)) }
+    }
+}
+
+pub(crate) fn attention(
+    spec: &Attention,
+    o: &dyn Operand,
+    lse: &dyn Operand,
+    q: &dyn Operand,
+    kv: Kv<'_>,
+    lengths: Option<&dyn Operand>,
+) -> Answer {
+    let (k, v, table) = match kv {
+        Kv::Dense { k, v } => (k, v, None),
+        Kv::Paged { k, v, table } => (k, v, Some(table)),
+    };
+    let rank = q.layout().rank();
+    if let Some((a, _)) = attention_refusal(spec, q.dtype(), rank, o.dtype(), lse.dtype(), k.dtype(), v.dtype()) {
+        return a;
+    }
+    if table.is_some_and(|t| t.dtype() != Dtype::I64) || lengths.is_some_and(|l| l.dtype() != Dtype::I64) {
+        return Answer::WrongDtype;
+    }
+    let mut read: Vec<&dyn Operand> = vec![q, k, v];
+    read.extend(table);
+    read.extend(lengths);
+    let (paged, has_len) = (table.is_some(), lengths.is_some());
+    let spec = spec.clone();
+    through_door(&[o, lse], &read, move |w, r, execute| {
+        let (o, lse, q, k, v) = (w[0], w[1], r[0], r[1], r[2]);
+        let table = paged.then(|| r[3]);
+        let lengths = has_len.then(|| r[3 + usize::from(paged)]);
+        let qs = q.layout().shape();
+        let lead = rank - 3;
+        let (hq, tq, dk) = (qs[lead], qs[lead + 1], qs[lead + 2]);
+        let (ks, vs) = (k.layout().shape(), v.layout().shape());
+        // keys: dense [lead…; hk; tk; d] or pools [pages; hk; page; d] through a table [lead…; max]
+        let (hk, tk, page, pages) = match table {
+            None => {
+                if ks.len() != rank || vs.len() != rank || ks[..lead] != qs[..lead] || vs[..lead + 2] != ks[..lead + 2]
+                {
+                    return Answer::ShapeMismatch;
+                }
+                (ks[lead], ks[lead + 1], 0, 0)
+            }
+            Some(t) => {
+                let ts = t.layout().shape();
+                if ks.len() != 4
+                    || vs.len() != 4
+                    || vs[..3] != ks[..3]
+                    || ts.len() != lead + 1
+                    || ts[..lead] != qs[..lead]
+                {
+                    return Answer::ShapeMismatch;
+                }
+                (ks[1], ts[lead] * ks[2], ks[2], ks[0])
+            }
+        };
+        let dv = vs[vs.len() - 1];
+        if ks[ks.len() - 1] != dk || hk == 0 || hq % hk != 0 {
+            return Answer::ShapeMismatch;
+        }
+        let mut want_o = qs.to_vec();
+        want_o[rank - 1] = dv;
+        if o.layout().shape() != want_o || lse.layout().shape() != &qs[..rank - 1] {
+            return Answer::ShapeMismatch;
+        }
+        if lengths.is_some_and(|l| l.layout().shape() != &qs[..lead]) {
+            return Answer::ShapeMismatch;
+        }
+        if !o.layout().is_contiguous() || !lse.layout().is_contiguous() {
+            return Answer::Declined;
+        }
+        // lengths are positions: outside 0..=tk they are refused before any write
+        let lens: Vec<usize> = match lengths {
+            Some(l) => {
+                let lv = View::of(l);
+                let mut out = Vec::new();
+                for p in l.layout().positions() {
+                    match usize::try_from(lv.int(p)) {
+                        Ok(x) if x <= tk => out.push(x),
+                        _ => return Answer::IndexOutOfRange,
+                    }
+                }
+                out
+            }
+            None => vec![tk; qs[..lead].iter().product()],
+        };
+        if !execute {
+            return Answer::Done;
+        }
+        let views = Views {
+            q: View::of(q),
+            k: View::of(k),
+            v: View::of(v),
+            table: table.map(View::of),
+            o: View::of(o),
+            lse: View::of(lse),
+        };
+        let dims = Dims { lead, hq, hk, tq, tk, dk, dv, page, pages };
+        if spec.acc == Dtype::F64 {
+            run::<f64>(&spec, &views, &dims, &lens);
+        } else {
+            run::<f32>(&spec, &views, &dims, &lens);
+        }
+        Answer::Done
+    })
+}
+
+struct Views {
+    q: View,
+    k: View,
+    v: View,
+    table: Option<View>,
+    o: View,
+    lse: View,
+}
+
+struct Dims {
+    lead: usize,
+    hq: usize,
+    hk: usize,
+    tq: usize,
+    tk: usize,
+    dk: usize,
+    dv: usize,
+    page: usize,
+    pages: usize,
+}
+
+/// A key head's visible keys, widened: rows of `k` and `v`, and each key's position.
+struct Packed<A> {
+    k: Vec<A>,
+    v: Vec<A>,
+    pos: Vec<usize>,
+}
+
+fn pack<A: Acc>(x: &Views, d: &Dims, b: usize, g: usize, len: usize) -> Packed<A> {
+    let mut p = Packed { k: Vec::new(), v: Vec::new(), pos: Vec::new() };
+    for t in 0..len {
+        // the key's row: dense, or on its page of the pools (a hole: not visible, never read)
+        let (kr, vr) = match &x.table {
+            None => (x.k.pos(d.lead, b, &[g, t, 0]), x.v.pos(d.lead, b, &[g, t, 0])),
+            Some(tv) => {
+                let e = tv.int(tv.pos(d.lead, b, &[t / d.page]));
+                let Ok(e) = usize::try_from(e) else { continue };
+                if e >= d.pages {
+                    continue;
+                }
+                (x.k.pos(0, 0, &[e, g, t % d.page, 0]), x.v.pos(0, 0, &[e, g, t % d.page, 0]))
+            }
+        };
+        let (ks, vs) = (x.k.strides[x.k.strides.len() - 1], x.v.strides[x.v.strides.len() - 1]);
+        p.k.extend((0..d.dk).map(|i| A::read(x.k.d, x.k.addr(kr + i as isize * ks))));
+        p.v.extend((0..d.dv).map(|i| A::read(x.v.d, x.v.addr(vr + i as isize * vs))));
+        p.pos.push(t);
+    }
+    p
+}
+
+fn run<A: Acc>(spec: &Attention, x: &Views, d: &Dims, lens: &[usize]) {
+    let lead_n: usize = x.q.shape[..d.lead].iter().product();
+    let s = A::of(spec.scale);
+    let group = d.hq / d.hk;
+    let blocks = d.tq.div_ceil(QB);
+    (0..lead_n * d.hk).into_par_iter().for_each(|bg| {
+        let (b, g) = (bg / d.hk, bg % d.hk);
+        let packed = pack::<A>(x, d, b, g, lens[b].min(d.tk));
+        (0..group * blocks).into_par_iter().for_each(|task| {
+            let h = g * group + task / blocks;
+            let i0 = (task % blocks) * QB;
+            rows(spec, s, x, d, &packed, b, h, i0, (i0 + QB).min(d.tq));
+        });
+    });
+}
+
+/// Query rows `i0..i1` of head `h` at lead index `b`.
+#[allow(clippy::too_many_arguments)]
+fn rows<A: Acc>(spec: &Attention, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: usize, h: usize, i0: usize, i1: usize) {
+    let (bq, n) = (i1 - i0, kv.pos.len());
+    let qs = x.q.strides[x.q.strides.len() - 1];
+    let mut qt = Vec::with_capacity(bq * d.dk);
+    for i in i0..i1 {
+        let r = x.q.pos(d.lead, b, &[h, i, 0]);
+        qt.extend((0..d.dk).map(|c| A::read(x.q.d, x.q.addr(r + c as isize * qs))));
+    }
+    let (mut m, mut l) = (vec![A::NEG_INF; bq], vec![A::ZERO; bq]);
+    let mut acc = vec![A::ZERO; bq * d.dv];
+    let mut sc = vec![A::ZERO; bq * KB];
+    // the last key a row may see under the causal mask
+    let last = |i: usize| spec.causal.map(|c| i as i64 + c);
+    let mut j0 = 0;
+    while j0 < n {
+        let j1 = (j0 + KB).min(n);
+        if last(i1 - 1).is_some_and(|e| (kv.pos[j0] as i64) > e) {
+            break; // every later key is past every row's mask
+        }
+        let bk = j1 - j0;
+        // SAFETY: the slices hold bq × dk, bk × dk and bq × bk elements, row-major.
+        unsafe {
+            let qm = faer::MatRef::from_raw_parts(qt.as_ptr(), bq, d.dk, d.dk as isize, 1);
+            let km = faer::MatRef::from_raw_parts(kv.k.as_ptr().add(j0 * d.dk), bk, d.dk, d.dk as isize, 1);
+            let sm = faer::MatMut::from_raw_parts_mut(sc.as_mut_ptr(), bq, bk, bk as isize, 1);
+            faer::linalg::matmul::matmul(sm, faer::Accum::Replace, qm, km.transpose(), A::of(1.0), faer::Par::Seq);
+        }
+        for r in 0..bq {
+            let row = &mut sc[r * bk..(r + 1) * bk];
+            let e = last(i0 + r);
+            let mut mx = m[r];
+            for (jj, x) in row.iter_mut().enumerate() {
+                *x = if e.is_some_and(|e| kv.pos[j0 + jj] as i64 > e) { A::NEG_INF } else { s.fmul(*x) };
+                mx = mx.fmax(*x);
+            }
+            if mx == A::NEG_INF && !row.iter().any(|x| x.nan()) {
+                row.fill(A::ZERO); // nothing visible yet: weights of zero
+                continue;
+            }
+            let alpha = if m[r] == A::NEG_INF { A::ZERO } else { m[r].fsub(mx).fexp() };
+            let mut sum = A::ZERO;
+            for x in row.iter_mut() {
+                *x = x.fsub(mx).fexp();
+                sum = sum.fadd(*x);
+            }
+            l[r] = l[r].fmul(alpha).fadd(sum);
+            m[r] = mx;
+            if alpha != A::of(1.0) {
+                acc[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|a| *a = a.fmul(alpha));
+            }
+        }
+        // SAFETY: as above, bq × bk, bk × dv and bq × dv elements.
+        unsafe {
+            let pm = faer::MatRef::from_raw_parts(sc.as_ptr(), bq, bk, bk as isize, 1);
+            let vm = faer::MatRef::from_raw_parts(kv.v.as_ptr().add(j0 * d.dv), bk, d.dv, d.dv as isize, 1);
+            let om = faer::MatMut::from_raw_parts_mut(acc.as_mut_ptr(), bq, d.dv, d.dv as isize, 1);
+            faer::linalg::matmul::matmul(om, faer::Accum::Add, pm, vm, A::of(1.0), faer::Par::Seq);
+        }
+        j0 = j1;
+    }
+    let f32acc = std::mem::size_of::<A>() == 4;
+    for r in 0..bq {
+        let i = i0 + r;
+        let none = l[r] == A::ZERO;
+        let lse = if none { f64::NEG_INFINITY } else { m[r].fadd(l[r].fln()).to_f64() };
+        // SAFETY: o and lse are C-contiguous of the checked shapes; this task writes rows i0..i1
+        // of head h at lead b alone.
+        unsafe {
+            let at = x.lse.pos(d.lead, b, &[h, i]);
+            store(x.lse.d, x.lse.addr(at), lse, f32acc.then_some(lse as f32));
+            let ob = x.o.pos(d.lead, b, &[h, i, 0]);
+            for c in 0..d.dv {
+                let val = if none { A::ZERO } else { acc[r * d.dv + c].fdiv(l[r]) };
+                let v64 = val.to_f64();
+                store(
+                    x.o.d,
+                    x.o.addr(ob + c as isize),
+                    if none { 0.0 } else { v64 },
+                    f32acc.then_some(if none { 0.0 } else { v64 as f32 }),
+                );
+            }
+        }
+    }
+}
