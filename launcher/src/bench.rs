@@ -28,22 +28,34 @@ pub struct KernelArgs {
     /// The numpy script.
     #[arg(long, default_value = "benches/numpy_matmul.py")]
     numpy_script: String,
+    /// The Python with torch that runs `benches/torch_indexing.py` for the indexing rows' peer
+    /// (`benches/kernels.sh` manages one); `none` skips it.
+    #[arg(long, default_value = "none")]
+    torch: String,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
 }
 
-/// One figure: `value` in `unit`, against `limit` (same unit), `ratio` = value / limit.
-#[derive(Serialize, Debug)]
-struct Row {
-    name: String,
-    value: f64,
-    unit: &'static str,
-    limit: Option<f64>,
-    ratio: Option<f64>,
+/// One figure: `value` in `unit`, against `limit` (same unit), `ratio` = value / limit; a row
+/// timed against a peer adds its name, its value and `peer_ratio` (nx's speed over the peer's:
+/// above 1, nx is faster).
+#[derive(Serialize, Debug, Default)]
+pub(crate) struct Row {
+    pub(crate) name: String,
+    pub(crate) value: f64,
+    pub(crate) unit: &'static str,
+    pub(crate) limit: Option<f64>,
+    pub(crate) ratio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) peer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) peer_value: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) peer_ratio: Option<f64>,
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
+pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
@@ -52,7 +64,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 const MATMUL_ROUNDS: usize = 5;
 
 /// Median seconds of `repeats` runs of `f`, after one untimed warm-up.
-fn time(repeats: usize, mut f: impl FnMut()) -> f64 {
+pub(crate) fn time(repeats: usize, mut f: impl FnMut()) -> f64 {
     f();
     median(
         (0..repeats)
@@ -95,8 +107,14 @@ fn submit_cost(dev: Device, repeats: usize) -> Result<Vec<Row>, Error> {
         }
         trip.push(t.elapsed().as_secs_f64() * 1e6 / 1000.0);
     }
-    let row =
-        |name: &str, v: Vec<f64>| Row { name: name.into(), value: median(v), unit: "us", limit: None, ratio: None };
+    let row = |name: &str, v: Vec<f64>| Row {
+        name: name.into(),
+        value: median(v),
+        unit: "us",
+        limit: None,
+        ratio: None,
+        ..Default::default()
+    };
     Ok(vec![row("submit to a queued rig (caller's cost)", queue), row("submit and wait (round trip)", trip)])
 }
 
@@ -281,7 +299,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
         }
     }
     let bw = median(copy_bw);
-    rows.push(Row { name: "copy".into(), value: bw, unit: "GB/s", limit: None, ratio: None });
+    rows.push(Row { name: "copy".into(), value: bw, unit: "GB/s", limit: None, ratio: None, ..Default::default() });
     for (i, (name, _, _)) in cases.iter().enumerate() {
         rows.push(Row {
             name: name.clone(),
@@ -289,6 +307,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
             unit: "GB/s",
             limit: Some(bw),
             ratio: Some(median(ratios[i].clone())),
+            ..Default::default()
         });
     }
     drop(cases);
@@ -337,6 +356,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
         unit: "GFLOP/s",
         limit: peer_g,
         ratio: (!ratios.is_empty()).then(|| median(ratios)),
+        ..Default::default()
     });
     let ha = Array::<half::bf16>::from_fn(dev, &[m, m], |i| half::bf16::from_f32(((i[0] + i[1]) % 11) as f32 * 0.1))?;
     let hb =
@@ -351,7 +371,12 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
         unit: "GFLOP/s",
         limit: peer_g,
         ratio: peer_g.map(|p| gb / p),
+        ..Default::default()
     });
+
+    let (indexing, note) = crate::bench_index::rows(n, r, &a.torch)?;
+    rows.extend(indexing);
+    notes.push(note);
 
     if a.json {
         return Ok(rows
@@ -370,7 +395,14 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     for row in &rows {
         let lim = row.limit.map_or("-".to_string(), |l| format!("{l:.1}"));
         let ratio = row.ratio.map_or("-".to_string(), |x| format!("{x:.2}"));
-        text.push_str(&format!("{:<40} {:>10.1} {:<8} {:>10} {:>7}\n", row.name, row.value, row.unit, lim, ratio));
+        let peer = match (row.peer_value, row.peer_ratio) {
+            (Some(v), Some(x)) => format!("   peer {v:.1} {}, nx {x:.2}x its speed", row.unit),
+            _ => String::new(),
+        };
+        text.push_str(&format!(
+            "{:<40} {:>10.1} {:<8} {:>10} {:>7}{peer}\n",
+            row.name, row.value, row.unit, lim, ratio
+        ));
     }
     text.push_str("limits: maps and sums against the copy bandwidth (bytes read + written per second), timed\n");
     text.push_str("        beside each kernel run, each run after an untimed scrub of the caches;\n");
@@ -379,6 +411,10 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     text.push_str("        rounds of numpy then nx back to back of (nx GFLOP/s) / (numpy GFLOP/s)\n");
     for note in notes {
         text.push_str(&format!("peer: {note}\n"));
+    }
+    if a.torch != "none" {
+        text.push_str("indexing rows against PyTorch on CPU in the same run, same threads: nx x = median over\n");
+        text.push_str("        rounds of torch then nx back to back of (torch time) / (nx time)\n");
     }
     Ok(text.trim_end().to_string())
 }

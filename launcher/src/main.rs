@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod args;
 mod bench;
 mod bench_coll;
+mod bench_index;
 mod show;
 
 /// nx: a distributed SPMD tensor framework.

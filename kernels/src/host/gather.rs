@@ -284,14 +284,27 @@ fn rows<T: super::scan::Scan>(
                 }
                 for &t in sources {
                     let from = at(sp, s.row(o, t));
-                    for (q, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: under the call's claims, at positions of the checked layouts (see above).
-                        *a = a.add(unsafe { T::load(from.wrapping_offset(s.within(q) * size as isize)) }.up());
+                    if s.inner_run {
+                        // one run: a slice of the row, added element by element (vectorized)
+                        // SAFETY: the row's `inner` elements of T lie from `from` under the call's
+                        // shared claim, aligned (the buffer's base is, and positions are whole
+                        // elements), and nx's elements take every bit pattern they hold.
+                        let row = unsafe { std::slice::from_raw_parts(from as *const T, inner) };
+                        for (a, x) in acc.iter_mut().zip(row) {
+                            *a = a.add(x.up());
+                        }
+                    } else {
+                        for (q, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: under the call's claims, at positions of the checked layouts (see above).
+                            *a = a.add(unsafe { T::load(from.wrapping_offset(s.within(q) * size as isize)) }.up());
+                        }
                     }
                 }
-                for (q, &a) in acc.iter().enumerate() {
-                    // SAFETY: under the call's claims, at positions of the checked layouts (see above).
-                    unsafe { T::store(to.add(q * size), T::down(a)) };
+                // SAFETY: the destination row is C-contiguous, `inner` elements from `to`, written by
+                // this task alone under the call's exclusive claim.
+                let out = unsafe { std::slice::from_raw_parts_mut(to as *mut T, inner) };
+                for (d, &a) in out.iter_mut().zip(acc.iter()) {
+                    *d = T::down(a);
                 }
             }
         }

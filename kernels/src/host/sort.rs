@@ -279,11 +279,30 @@ fn run<T: Key, I: Item>(
             items.clear();
             // SAFETY (every load and store): the door holds the claims; positions come from the
             // checked layouts; lane `lane` of the destinations is written by this task alone.
-            items.extend((0..n).map(|t| {
+            let item = |t: usize| {
                 // SAFETY: under the call's claims, at positions of the checked layouts (see above).
                 let key = unsafe { T::load(at(t)) }.key();
                 I::new(if descending { !key & mask } else { key }, t)
-            }));
+            };
+            if k > 0 && k * 16 <= n {
+                // a few of many: keep candidates below the k-th least seen so far, selecting the
+                // k least whenever 4k are held (items are unique: one answer whatever the order)
+                let mut bar: Option<I> = None;
+                for t in 0..n {
+                    let it = item(t);
+                    if bar.is_some_and(|b| it > b) {
+                        continue;
+                    }
+                    items.push(it);
+                    if items.len() == 4 * k {
+                        items.select_nth_unstable(k - 1);
+                        items.truncate(k);
+                        bar = Some(items[k - 1]);
+                    }
+                }
+            } else {
+                items.extend((0..n).map(item));
+            }
             order(items, scratch, T::BYTES, k);
             if let (Some(vl), Some(vp)) = (&vl, vp) {
                 let v0 = vl.start(lane);
