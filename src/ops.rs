@@ -10,6 +10,7 @@
 //! | `scatter_add(axis, index, n)` | `index` 1-D, cut as `self`'s `axis` | the axis of extent n, whole; a sum over the mesh axes that cut it (each rank adds its rows: data parallelism's gradient), and over `self`'s sums |
 //! | `concat`, `stack` | placed alike, axis whole | the same placement (`stack`: the new axis whole) |
 //! | `softmax`, `log_softmax` | axis whole, not partial | the same placement |
+//! | `pad(lo, hi, fill)` | padded axes whole; partial only with fill 0 (linear) | the same placement |
 //! | `attention(k, v)` | `q`, `k`, `v` `[lead…, heads, rows, d]` placed alike (lead and head axes may be cut, rows and d whole), not partial | `q`'s placement |
 
 use nx_collectives::Reducible;
@@ -552,6 +553,39 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                 Some(o)
             }
             _ => None,
+        };
+        Ok(self.with_local(self.placement.clone(), shape, local))
+    }
+
+    /// `self` with `lo[i]` elements of `fill` before axis i and `hi[i]` after (a negative count
+    /// crops).
+    ///
+    /// # Errors
+    /// Lists of another length than the rank; a padded or cropped axis cut by the placement; a
+    /// partial value padded with a fill other than 0; a crop past an axis.
+    pub fn pad(&self, lo: &[isize], hi: &[isize], fill: f64) -> Result<Self> {
+        const FUNC: &str = "nx::Tensor::pad";
+        let pad = nx_kernels::Pad::edges(lo, hi);
+        let shape = pad.shape(&self.shape).map_err(|why| err(FUNC, why))?;
+        if self.placement.is_partial() && fill != 0.0 {
+            return Err(err(
+                FUNC,
+                format!("{} is a sum of terms: a fill of {fill} would be added once per term", self.placement),
+            ));
+        }
+        for d in 0..self.shape.len() {
+            if lo[d] != 0 || hi[d] != 0 {
+                self.whole(FUNC, d, true)?;
+            }
+        }
+        let local = match &self.local {
+            Some(a) => {
+                let s = pad.shape(a.shape()).map_err(|why| err(FUNC, why))?;
+                let dst = Array::<T>::uninit_on(self.ctx.rig(), &s)?;
+                check(FUNC, self.ctx.host().pad(&pad, nx_kernels::Value::Float(fill), &dst, a), &[a])?;
+                Some(dst)
+            }
+            None => None,
         };
         Ok(self.with_local(self.placement.clone(), shape, local))
     }

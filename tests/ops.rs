@@ -239,3 +239,32 @@ fn attention_runs_on_each_ranks_heads_and_matches_one_device() {
         .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
     }
 }
+
+#[test]
+fn pad_along_whole_axes_matches_one_device() {
+    for (dp, tp) in MESHES {
+        let (m, n) = (2 * dp + 1, tp + 3);
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = "mesh(0:dp)".parse::<PlacementSpec>()?.over(&mesh)?;
+            let x = Tensor::<f64>::from_fn(ctx, &[m, n], &p, f)?;
+            let y = x.pad(&[0, 2], &[0, -1], 9.0)?;
+            assert_eq!(y.shape(), [m, n + 1]);
+            let got = y.full()?.to_vec()?;
+            for i in 0..m {
+                for j in 0..n + 1 {
+                    let want = if j < 2 { 9.0 } else { f(&[i, j - 2]) };
+                    assert_eq!(got[i * (n + 1) + j], want);
+                }
+            }
+            if dp > 1 {
+                let e = x.pad(&[1, 0], &[0, 0], 0.0).unwrap_err().to_string();
+                assert!(e.contains("nx::Tensor::pad") && e.contains("cut over dp"), "{e}");
+            }
+            let e = x.pad(&[0, -(n as isize)], &[0, -1], 0.0).unwrap_err().to_string();
+            assert!(e.contains("nx::Tensor::pad"), "{e}");
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}

@@ -11,6 +11,7 @@
 //! routines and attention are not built yet in any library).
 
 use crate::door::Operand;
+use crate::loads::{Pad, Windows};
 use crate::prog::Prog;
 use crate::Answer;
 
@@ -324,6 +325,29 @@ pub trait Kernels {
         _descending: bool,
         _values: Option<&dyn Operand>,
         _positions: Option<&dyn Operand>,
+        _src: &dyn Operand,
+    ) -> Answer {
+        Answer::Declined
+    }
+
+    /// `dst` = `src` padded by `pad` (a move: bits copied), the padding's elements `fill` (as the
+    /// dtype converts it); `dst` has [`Pad::shape`] of `src`'s.
+    fn pad(&self, _pad: &Pad, _fill: crate::Value, _dst: &dyn Operand, _src: &dyn Operand) -> Answer {
+        Answer::Declined
+    }
+
+    /// A fold: each element of `dst` reduces by `reduction` (`Sum`, `Prod`, `Max`, `Min`) one
+    /// window of `src` padded by `pad` — the padded operand never materialised, its padding
+    /// `fill` — the windows as [`Windows::shape`] counts them: pooling, and with `fill` 0 a sum
+    /// pool that includes the padding. The terms are a window's elements in C order of its
+    /// index, combined in the carrier left to right (a `Sum` from +0) and rounded once.
+    fn fold(
+        &self,
+        _reduction: Reduction,
+        _pad: &Pad,
+        _fill: crate::Value,
+        _windows: &Windows,
+        _dst: &dyn Operand,
         _src: &dyn Operand,
     ) -> Answer {
         Answer::Declined

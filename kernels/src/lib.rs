@@ -18,6 +18,7 @@ pub mod host;
 pub mod kernels;
 pub mod layout;
 mod lease;
+pub mod loads;
 #[cfg(feature = "ndarray")]
 mod ndarray_conv;
 pub mod prog;
@@ -34,6 +35,7 @@ pub use host::Host;
 pub use kernels::{attention_refusal, scan_refusal, Attention, Contraction, Extreme, Kernels, Kv, Reduction, Scatter};
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 pub use lease::Lease;
+pub use loads::{Pad, Windows};
 pub use prog::{map_refusal, reduce_refusal, Prog};
 
 /// The errors of local arrays and kernels. Each message names the function and the offending

@@ -20,6 +20,8 @@
 //!   device is lost, naming it).
 //! - **sort** (values and/or positions, a top-k where the destinations are shorter): every real
 //!   dtype and booleans; declines complex ones and lanes of 2³² elements or more.
+//! - **pad** (every dtype) and **fold** (`Sum`, `Prod`, `Max`, `Min` of the dtypes it reduces,
+//!   over windows of the padded operand, never materialised).
 //! - **attention**: dense and paged, grouped query heads, causal masks and lengths, operands of
 //!   `f16`, `bf16`, `f32` (and `f64` with an `f64` accumulator), accumulators `f32` and `f64`.
 //! - Fourier transforms, matrix routines: declined (not built yet).
@@ -67,6 +69,8 @@
 //!   by LSD radix over the key's bytes (passes of one digit skipped) from 1024 elements, by the
 //!   standard library's sort below; a top-k of k ≤ n/16 selects then sorts the k. Pairs are
 //!   unique, so every path gives the one stable order. Lanes run in parallel.
+//! - **Folds** run one task per block of outputs, each output's window walked in C order, a read
+//!   outside the operand the fill: O(outputs × window) reads, through the operand's layout.
 //! - **Attention** is online (flash-style): per lead index and key head the visible keys (before
 //!   the length, on a page of the pool) are packed once, widened to the accumulator; a task takes
 //!   64 query rows of one head and walks tiles of 128 keys: `S = s·(Q Kᵀ)` by `faer`'s product
@@ -96,6 +100,7 @@
 //! - A `Sum` scan's result i (k = ⌊i/4096⌋) is within γ(i + 2)·(|carry| + Σ|x|) of the exact sum
 //!   of the carry and its terms (each term passes through at most i + 1 additions); a `Prod`
 //!   within a relative γ(i + 2). Integer, boolean, `Max` and `Min` scans are exact.
+//! - A `Sum` fold of a window of K elements is within γ(K − 1)·Σ|x| (left to right from +0).
 //! - Attention: with A = max over a row's visible pairs of s·Σ|qᵢkᵢ|, `lse` is within
 //!   ε = u·((dk + 2)·A + tk + 8 + |L|) of the exact log-sum-exp L, and each element of `o` within
 //!   (2ε + (tk + 8)·u)·max|v| of the exact weighted sum (u the accumulator's unit roundoff), before
@@ -112,6 +117,7 @@ mod assemble;
 mod attention;
 mod contract;
 pub(crate) mod eval;
+mod fold;
 mod fused;
 mod gather;
 mod lanes;
@@ -242,6 +248,22 @@ impl Kernels for Host {
         src: &dyn Operand,
     ) -> Answer {
         self.run(|| sort::sort(axis, descending, values, positions, src))
+    }
+
+    fn pad(&self, pad: &crate::Pad, fill: crate::Value, dst: &dyn Operand, src: &dyn Operand) -> Answer {
+        self.run(|| fold::pad(pad, fill, dst, src))
+    }
+
+    fn fold(
+        &self,
+        reduction: Reduction,
+        pad: &crate::Pad,
+        fill: crate::Value,
+        windows: &crate::Windows,
+        dst: &dyn Operand,
+        src: &dyn Operand,
+    ) -> Answer {
+        self.run(|| fold::fold(reduction, pad, fill, windows, dst, src))
     }
 
     fn attention(
