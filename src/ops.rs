@@ -357,7 +357,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             }
         }
         // the result's placement: the same cuts, shifted past a new axis
-        let placement = if new {
+        let placement = if new && !matches!(self.placement.spec(), PlacementSpec::Device(_)) {
             let (cuts, sums) = parts(func, &self.placement)?;
             if matches!(self.placement.spec(), PlacementSpec::On) && sums.is_empty() {
                 self.placement.clone()
@@ -520,21 +520,22 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         self.whole(FUNC, r - 1, false)?;
         let mut shape = self.shape.clone();
         shape[r - 1] = v.shape[r - 1];
-        let local = match (&self.local, &k.local, &v.local) {
-            (Some(q), Some(kl), Some(vl)) => {
-                // this rank's query heads must be the groups of its key heads
-                let (qw, kw) = (
-                    self.placement.window(&self.shape, self.ctx.index())?.expect("a window"),
-                    k.placement.window(&k.shape, self.ctx.index())?.expect("a window"),
-                );
-                let group = hq / hk;
+        // every device's query heads must be the groups of its key heads (checked for all, so
+        // that every rank answers alike)
+        let group = hq / hk;
+        for u in 0..self.ctx.devices().len() {
+            if let (Some(qw), Some(kw)) = (self.placement.window(&self.shape, u)?, k.placement.window(&k.shape, u)?) {
                 let (qh, kh) = (&qw[r - 3], &kw[r - 3]);
                 if qh.start != kh.start * group || qh.len() != kh.len() * group {
                     return Err(err(
                         FUNC,
-                        format!("query heads {qh:?} are not the groups of key heads {kh:?} on rank {}: cut the heads so each rank's are whole groups", self.ctx.rank()),
+                        format!("query heads {qh:?} are not the groups of key heads {kh:?} on device {u}: cut the heads so each device's are whole groups"),
                     ));
                 }
+            }
+        }
+        let local = match (&self.local, &k.local, &v.local) {
+            (Some(q), Some(kl), Some(vl)) => {
                 let acc = if T::DTYPE == Dtype::F64 { Dtype::F64 } else { Dtype::F32 };
                 let dk = self.shape[r - 1];
                 let spec =

@@ -166,6 +166,18 @@ fn concat_stack_and_softmax_match_one_device() {
                     assert_eq!(s[(i * 2 + 1) * n + j], 2.0 * f(&[i, j]));
                 }
             }
+            // stacked at axis 0: the cut of axis 0 moves to axis 1
+            let s0 = a.stack(&[&a.scale(2.0)?], 0)?;
+            if dp > 1 {
+                assert!(s0.placement().equal(&p("mesh(1:dp)")?), "{}", s0.placement());
+            }
+            let s0 = s0.full()?.to_vec()?;
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(s0[i * n + j], f(&[i, j]));
+                    assert_eq!(s0[(m + i) * n + j], 2.0 * f(&[i, j]));
+                }
+            }
             let sm = a.softmax(1)?.full()?.to_vec()?;
             let lsm = a.log_softmax(1)?.full()?.to_vec()?;
             for i in 0..m {
@@ -267,4 +279,19 @@ fn pad_along_whole_axes_matches_one_device() {
         })
         .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
     }
+}
+
+#[test]
+fn attention_refuses_heads_cut_off_their_groups_on_every_rank() {
+    // 4 query heads and 2 key heads over 3 devices: windows [0, 2), [2, 3), [3, 4) against
+    // [0, 1), [1, 2), [2, 2): every rank answers the same error
+    let out = launch_with(&opts(3), |ctx| {
+        let p = Placement::split(1, ctx.devices())?;
+        let q = Tensor::<f32>::zeros(ctx, &[1, 4, 3, 2], &p)?;
+        let k = Tensor::<f32>::zeros(ctx, &[1, 2, 3, 2], &p)?;
+        let e = q.attention(&k, &k, false, None).unwrap_err().to_string();
+        assert!(e.contains("not the groups of key heads"), "{e}");
+        Ok(())
+    });
+    assert!(out.is_ok(), "{out:?}");
 }

@@ -7,8 +7,9 @@
 //! may be strided, broadcast or offset. Kernels are deterministic: the same bits on every run and
 //! any number of threads.
 //!
-//! Operations a library does not build answer `Declined` by default (Fourier transforms, matrix
-//! routines and attention are not built yet in any library).
+//! Operations a library does not build answer `Declined` by default (Fourier transforms and
+//! matrix routines are not built yet in any library). A destination that shares bytes with an
+//! operand the kernel reads at other indices than the result's own is refused as `Overlapping`.
 
 use crate::door::Operand;
 use crate::loads::{Pad, Windows};

@@ -280,3 +280,21 @@ fn grouped_heads_bf16_strided_queries_threads_and_refusals() {
     let q2 = Array::<f32>::zeros(DEV, &[tq, dk]).unwrap();
     assert_eq!(host.attention(&spec, &o, &lse, &q2, Kv::Dense { k: &ka, v: &va }, None), Answer::ShapeMismatch);
 }
+
+#[test]
+fn an_output_identical_to_an_operand_and_a_huge_causal_offset() {
+    let q = arr(&[1, 1, 4, 2], &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], |x| x as f32);
+    let lse = Array::<f32>::zeros(DEV, &[1, 1, 4]).unwrap();
+    let spec = Attention { scale: 1.0, causal: Some(i64::MAX), acc: Dtype::F32 };
+    let k = q.copy().unwrap();
+    assert_eq!(Host::new().attention(&spec, &q, &lse, &q, Kv::Dense { k: &k, v: &k }, None), Answer::Overlapping);
+    let o = Array::<f32>::zeros(DEV, &[1, 1, 4, 2]).unwrap();
+    assert_eq!(
+        Host::new().attention(&spec, &o, &lse, &q, Kv::Dense { k: &k, v: &k }, None),
+        Answer::Done,
+        "every key visible"
+    );
+    let none = Attention { causal: Some(i64::MIN), ..spec };
+    assert_eq!(Host::new().attention(&none, &o, &lse, &q, Kv::Dense { k: &k, v: &k }, None), Answer::Done);
+    assert!(lse.to_vec().unwrap().iter().all(|&l| l == f32::NEG_INFINITY), "no key visible");
+}

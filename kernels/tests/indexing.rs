@@ -554,3 +554,53 @@ fn assembly_writes_pieces_in_order_at_their_offsets() {
     assert_eq!(host.assemble(&s, &[(&[0, 0], &arr(&[1, 3], &[1.0f64, 2.0, 3.0], false))]), Answer::WrongDtype);
     assert_eq!(host.assemble(&s, &[(&[usize::MAX, 0], &r0)]), Answer::ShapeMismatch);
 }
+
+#[test]
+fn review_cases_offsets_identical_operands_carries_of_rank_one_and_queued_indices() {
+    let host = Host::new();
+    // a gather into a C-contiguous destination at an offset (rows 1..3 of a [4, 2] array)
+    let a = arr(&[3, 2], &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], false);
+    let big = Array::<f32>::zeros(DEV, &[4, 2]).unwrap();
+    let part = big.apply(&Move::Slice { axis: 0, start: Some(1), stop: Some(3), step: 1 }).unwrap().unwrap();
+    assert!(part.layout().is_contiguous() && part.layout().offset() == 2);
+    assert_eq!(host.gather(0, &part, &a, &arr(&[2], &[2i64, 0], false)), Answer::Done);
+    assert_eq!(big.to_vec().unwrap(), [0.0, 0.0, 5.0, 6.0, 1.0, 2.0, 0.0, 0.0]);
+    // a destination identical to an operand read at other indices: refused
+    let i3 = arr(&[3], &[2i64, 0, 1], false);
+    assert_eq!(host.gather(0, &a, &a, &i3), Answer::Overlapping);
+    assert_eq!(host.scatter(Scatter::Add, 0, &a, None, &a, &i3), Answer::Overlapping);
+    assert_eq!(host.scatter(Scatter::Add, 0, &a, Some(&a), &a.copy().unwrap(), &i3), Answer::Done, "into may be it");
+    let f = arr(&[5], &[3.0f32, 1.0, 2.0, 0.0, 4.0], false);
+    assert_eq!(host.sort(0, false, Some(&f), None, &f), Answer::Overlapping);
+    assert_eq!(host.scan(Reduction::Sum, 0, None, &f, &f), Answer::Overlapping);
+    assert_eq!(host.pad(&nx_kernels::Pad::none(1), nx_kernels::Value::Float(0.0), &f, &f), Answer::Overlapping);
+    let s = Array::<f32>::zeros(DEV, &[2, 5]).unwrap();
+    let row = s.apply(&Move::Slice { axis: 0, start: Some(0), stop: Some(1), step: 1 }).unwrap().unwrap();
+    assert_eq!(host.assemble(&s, &[(&[1, 0], &row)]), Answer::Overlapping, "a piece of the result elsewhere");
+    // a carry of rank 1: each lane along axis 1 from its own
+    let x = arr(&[3, 4], &(0..12).map(|k| k as i64).collect::<Vec<_>>(), true);
+    let carry = arr(&[3], &[100i64, -100, 7], true);
+    let d = Array::<i64>::zeros(DEV, &[3, 4]).unwrap();
+    assert_eq!(host.scan(Reduction::Sum, 1, Some(&carry), &d, &x), Answer::Done);
+    let mut want = Vec::new();
+    for (r, c) in [100i64, -100, 7].iter().enumerate() {
+        let mut acc = *c;
+        for j in 0..4 {
+            acc += (r * 4 + j) as i64;
+            want.push(acc);
+        }
+    }
+    assert_eq!(d.to_vec().unwrap(), want);
+    // on a queued device, indices written by queued work are read when the gather runs
+    let rig = nx_kernels::rig::Rig::queued(DEV, std::time::Duration::from_micros(300), 5).unwrap();
+    let n = 5000;
+    let xs: Vec<f32> = (0..n).map(val).collect();
+    let q = Array::<f32>::from_fn_on(&rig, &[n], |i| xs[i[0]]).unwrap();
+    let pos = Array::<i64>::zeros_on(&rig, &[n]).unwrap();
+    assert_eq!(host.sort(0, false, None, Some(&pos), &q), Answer::Done);
+    let sorted = Array::<f32>::zeros_on(&rig, &[n]).unwrap();
+    assert_eq!(host.gather(0, &sorted, &q, &pos), Answer::Done);
+    let mut want = xs.clone();
+    want.sort_by(f32::total_cmp);
+    assert_eq!(sorted.to_vec().unwrap(), want);
+}

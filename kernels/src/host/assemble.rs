@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::eval::Ptr;
 use super::lanes::Lanes;
-use super::through_door;
+use super::{overlaps, through_door};
 use crate::door::Operand;
 use crate::Answer;
 
@@ -29,16 +29,26 @@ pub(crate) fn assemble(dst: &dyn Operand, pieces: &[(&[usize], &dyn Operand)]) -
         if !dst.layout().is_contiguous() {
             return Answer::Declined;
         }
+        // the first piece may be the result itself, where it is the whole result; no other
+        let size = dst.dtype().size();
+        let own = |p: &dyn Operand| {
+            p.buffer().memory_id() == dst.buffer().memory_id()
+                && crate::door::identical(p.layout(), size, dst.layout(), size)
+        };
+        for (k, p) in r.iter().enumerate() {
+            if overlaps(dst, *p) && !(k == 0 && own(*p) && offsets[0].iter().all(|&o| o == 0)) {
+                return Answer::Overlapping;
+            }
+        }
         if !execute {
             return Answer::Done;
         }
-        let size = dst.dtype().size();
         let dp = Ptr::of(dst);
         let rank = shape.len();
         let strides: Vec<usize> = (0..rank).map(|d| shape[d + 1..].iter().product()).collect();
         for (o, p) in offsets.iter().zip(r) {
             let l = p.layout();
-            if p.buffer() == dst.buffer() && l == dst.layout() {
+            if own(*p) {
                 continue; // the result's own elements, where they are
             }
             let base = dst.layout().offset() as usize + o.iter().zip(&strides).map(|(a, s)| a * s).sum::<usize>();

@@ -7,7 +7,7 @@ use super::eval::Ptr;
 use super::reduce::Term;
 use super::reg::dispatch_dtype;
 use super::scan::Scan;
-use super::through_door;
+use super::{overlaps, through_door};
 use crate::door::Operand;
 use crate::kernels::Reduction;
 use crate::layout::Layout;
@@ -47,6 +47,9 @@ pub(crate) fn pad(pad: &Pad, fill: Value, dst: &dyn Operand, src: &dyn Operand) 
         }
         if !dst.layout().is_contiguous() {
             return Answer::Declined;
+        }
+        if overlaps(dst, src) {
+            return Answer::Overlapping;
         }
         if !execute {
             return Answer::Done;
@@ -112,6 +115,9 @@ pub(crate) fn fold(
         }
         if !dst.layout().is_contiguous() {
             return Answer::Declined;
+        }
+        if overlaps(dst, src) {
+            return Answer::Overlapping;
         }
         if !execute {
             return Answer::Done;

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::eval::Ptr;
-use super::through_door;
+use super::{overlaps, through_door};
 use crate::door::Operand;
 use crate::kernels::Scatter;
 use crate::layout::Layout;
@@ -137,14 +137,19 @@ pub(crate) fn gather(
         if !dst.layout().is_contiguous() {
             return Answer::Declined;
         }
+        if overlaps(dst, src) || overlaps(dst, index) {
+            return Answer::Overlapping;
+        }
+        // the indices' values are read when the work runs (on a queued device they may still be
+        // being written when the call is checked), before any write
+        if !execute {
+            return Answer::Done;
+        }
         let len = run.unwrap_or(1);
         let at = match indices(index, ss[axis], len) {
             Ok(v) => v,
             Err(a) => return a,
         };
-        if !execute {
-            return Answer::Done;
-        }
         let s = Rows::new(src.layout(), axis, axis + 1);
         let size = src.dtype().size();
         let (sp, dp) = (Ptr::of(src), Ptr::of(dst));
@@ -153,7 +158,7 @@ pub(crate) fn gather(
         let runs = s.inner_run && (len == 1 || s.stride == inner as isize);
         (0..s.n_outer * t).into_par_iter().with_min_len(64).for_each(|k| {
             let (o, j) = (k / t, at[k % t]);
-            let to = dp.byte((k * len * inner * size) as isize);
+            let to = dp.byte((dst.layout().offset() as usize + k * len * inner) as isize * size as isize);
             let from = sp.byte(s.row(o, j) * size as isize);
             if runs {
                 // SAFETY: the door holds the claims; row positions come from the checked layouts
@@ -201,13 +206,17 @@ pub(crate) fn scatter(
         if !dst.layout().is_contiguous() {
             return Answer::Declined;
         }
+        // `into` may be the destination itself (read at each element's own index only)
+        if overlaps(dst, src) || overlaps(dst, index) {
+            return Answer::Overlapping;
+        }
+        if !execute {
+            return Answer::Done;
+        }
         let at = match indices(index, ds[axis], 1) {
             Ok(v) => v,
             Err(a) => return a,
         };
-        if !execute {
-            return Answer::Done;
-        }
         // each destination row's sources, in index order (a stable counting sort)
         let n = ds[axis];
         let mut starts = vec![0usize; n + 1];

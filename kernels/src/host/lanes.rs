@@ -29,6 +29,14 @@ impl Lanes {
         Lanes { outer, offset: layout.offset(), stride: strides[axis], len: shape[axis], count }
     }
 
+    /// Every element of `layout` as a lane of one, in C order of its indices (a scan's carry: one
+    /// element per lane of the operand).
+    pub(crate) fn points(layout: &Layout) -> Lanes {
+        let outer: Vec<(usize, isize)> = layout.shape().iter().copied().zip(layout.strides().iter().copied()).collect();
+        let count = outer.iter().map(|o| o.0).product();
+        Lanes { outer, offset: layout.offset(), stride: 0, len: 1, count }
+    }
+
     /// How many lanes there are (the product of the other axes' extents).
     pub(crate) fn count(&self) -> usize {
         self.count

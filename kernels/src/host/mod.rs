@@ -319,6 +319,14 @@ pub fn store_fence() {
     reg::fence()
 }
 
+/// Whether written operand `w` and read operand `r` share a byte. The door admits a destination
+/// identical to an operand; a kernel that reads an operand at other indices than the result's
+/// own refuses that as `Overlapping` (its result would depend on the order of its tasks).
+pub(crate) fn overlaps(w: &dyn Operand, r: &dyn Operand) -> bool {
+    w.buffer().memory_id() == r.buffer().memory_id()
+        && crate::door::shares_byte(w.layout(), w.dtype().size(), r.layout(), r.dtype().size())
+}
+
 /// Runs a kernel's `body(written, read, run)` through the door: its checks, then (where `run`)
 /// its work. Where the first written operand lives on a queued rig, the checks run now, under the
 /// claims, and the work is queued on that rig's timeline over owned views of the operands (after

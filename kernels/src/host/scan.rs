@@ -9,7 +9,7 @@ use super::eval::Ptr;
 use super::lanes::Lanes;
 use super::reduce::Term;
 use super::reg::dispatch_dtype;
-use super::through_door;
+use super::{overlaps, through_door};
 use crate::door::Operand;
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
 use crate::kernels::{scan_refusal, Reduction};
@@ -131,6 +131,9 @@ pub(crate) fn scan(
         if !dst.layout().is_contiguous() {
             return Answer::Declined;
         }
+        if overlaps(dst, src) || carry.is_some_and(|c| overlaps(dst, c)) {
+            return Answer::Overlapping;
+        }
         if !execute {
             return Answer::Done;
         }
@@ -166,7 +169,7 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
     f: F,
 ) {
     let (sl, dl) = (Lanes::new(src.layout(), axis), Lanes::new(dst.layout(), axis));
-    let cl = carry.map(|c| Lanes::new(c.layout(), c.layout().rank()));
+    let cl = carry.map(|c| Lanes::points(c.layout()));
     let (sp, dp, cp) = (Ptr::of(src), Ptr::of(dst), carry.map(Ptr::of));
     let size = T::DTYPE.size() as isize;
     let ksize = T::K::DTYPE.size() as isize;

@@ -1,18 +1,19 @@
 //! The sort kernel: a stable sort of each lane by an order-preserving integer key (NaNs
-//! greatest, −0 below +0), by LSD radix for long lanes, by merge sort for short ones, and a
-//! selection for a top-k of few; values copied as bits, positions as `i64`.
+//! greatest, −0 below +0) and the position, pairs that are unique: by LSD radix for long lanes,
+//! by the standard library's sort for short ones, and a selection for a top-k of few; values
+//! copied as bits, positions as `i64`.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::eval::Ptr;
 use super::lanes::Lanes;
-use super::through_door;
+use super::{overlaps, through_door};
 use crate::door::Operand;
 use crate::{Answer, Dtype, Element, Kind};
 
-/// Lanes from this many elements sort by radix; shorter ones by the standard library's stable
-/// merge sort.
+/// Lanes from this many elements sort by radix; shorter ones by the standard library's sort (of
+/// unique pairs: one order).
 const RADIX_MIN: usize = 1024;
 
 /// An element type with a key whose integer order is the sort's (ascending): `BYTES` low bytes
@@ -211,6 +212,9 @@ pub(crate) fn sort(
         }
         if w.iter().any(|o| !o.layout().is_contiguous()) || shape[axis] > u32::MAX as usize {
             return Answer::Declined;
+        }
+        if w.iter().any(|o| overlaps(*o, src)) {
+            return Answer::Overlapping;
         }
         if !execute {
             return Answer::Done;
