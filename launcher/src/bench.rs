@@ -164,11 +164,11 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
 
-    let x = Array::<f32>::from_fn(dev, &[n], |i| (i[0] % 1000) as f32 * 1e-3)?;
-    let y = Array::<f32>::from_fn(dev, &[n], |i| (i[0] % 777) as f32 * 1e-3)?;
-    let b = Array::<f32>::from_fn(dev, &[n], |i| (i[0] % 333) as f32 * -1e-3)?;
-    let out = Array::<f32>::zeros(dev, &[n])?;
-    let out2 = Array::<f32>::zeros(dev, &[n])?;
+    let x = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 1000) as f32 * 1e-3)?;
+    let y = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 777) as f32 * 1e-3)?;
+    let b = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 333) as f32 * -1e-3)?;
+    let out = Array::<f32>::zeros_on(&rig, &[n])?;
+    let out2 = Array::<f32>::zeros_on(&rig, &[n])?;
 
     let mut add = Prog::new(&[Dtype::F32, Dtype::F32]);
     let (l0, l1) = (add.load(0), add.load(1));
@@ -184,9 +184,9 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     chain.output(yv);
     chain.output(z);
 
-    let hx = Array::<half::bf16>::from_fn(dev, &[n], |i| half::bf16::from_f32((i[0] % 1000) as f32 * 1e-3))?;
-    let hy = Array::<half::bf16>::from_fn(dev, &[n], |i| half::bf16::from_f32((i[0] % 777) as f32 * 1e-3))?;
-    let ho = Array::<half::bf16>::zeros(dev, &[n])?;
+    let hx = Array::<half::bf16>::from_fn_on(&rig, &[n], |i| half::bf16::from_f32((i[0] % 1000) as f32 * 1e-3))?;
+    let hy = Array::<half::bf16>::from_fn_on(&rig, &[n], |i| half::bf16::from_f32((i[0] % 777) as f32 * 1e-3))?;
+    let ho = Array::<half::bf16>::zeros_on(&rig, &[n])?;
     let mut hadd = Prog::new(&[Dtype::BF16, Dtype::BF16]);
     let (h0, h1) = (hadd.load(0), hadd.load(1));
     let hs = hadd.add(h0, h1);
@@ -194,11 +194,11 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let mut ident = Prog::new(&[Dtype::F32]);
     let l = ident.load(0);
     ident.output(l);
-    let all = Array::<f32>::zeros(dev, &[])?;
+    let all = Array::<f32>::zeros_on(&rig, &[])?;
     let cols = if n % 4096 == 0 { 4096 } else { n };
     let rows_n = n / cols;
     let x2 = x.apply(&nx::kernels::Move::Reshape(vec![rows_n, cols]))?.ok_or("reshape")?;
-    let per_row = Array::<f32>::zeros(dev, &[rows_n])?;
+    let per_row = Array::<f32>::zeros_on(&rig, &[rows_n])?;
 
     // The limit: a parallel copy, bytes read plus bytes written per second, of the kernels' own
     // input `x` into their own output `out` (where memory lies moves its bandwidth by a fifth on
@@ -316,9 +316,9 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     // Matmuls, interleaved with numpy's so that both see the same machine.
     let m = a.matmul;
     let mr = (r / 3).max(3);
-    let ma = Array::<f32>::from_fn(dev, &[m, m], |i| ((i[0] * 7 + i[1] * 3) % 17) as f32 * 0.1 - 0.8)?;
-    let mb = Array::<f32>::from_fn(dev, &[m, m], |i| ((i[0] * 5 + i[1]) % 13) as f32 * 0.1 - 0.6)?;
-    let mc = Array::<f32>::zeros(dev, &[m, m])?;
+    let ma = Array::<f32>::from_fn_on(&rig, &[m, m], |i| ((i[0] * 7 + i[1] * 3) % 17) as f32 * 0.1 - 0.8)?;
+    let mb = Array::<f32>::from_fn_on(&rig, &[m, m], |i| ((i[0] * 5 + i[1]) % 13) as f32 * 0.1 - 0.6)?;
+    let mc = Array::<f32>::zeros_on(&rig, &[m, m])?;
     let flops = 2.0 * (m as f64).powi(3);
     // Rounds of numpy then nx back to back: the machine's speed drifts over seconds, so the ratio
     // is the median of each round's, as for the maps and sums.
@@ -358,10 +358,11 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
         ratio: (!ratios.is_empty()).then(|| median(ratios)),
         ..Default::default()
     });
-    let ha = Array::<half::bf16>::from_fn(dev, &[m, m], |i| half::bf16::from_f32(((i[0] + i[1]) % 11) as f32 * 0.1))?;
+    let ha =
+        Array::<half::bf16>::from_fn_on(&rig, &[m, m], |i| half::bf16::from_f32(((i[0] + i[1]) % 11) as f32 * 0.1))?;
     let hb =
-        Array::<half::bf16>::from_fn(dev, &[m, m], |i| half::bf16::from_f32(((i[0] * 3 + i[1]) % 7) as f32 * 0.1))?;
-    let hc = Array::<half::bf16>::zeros(dev, &[m, m])?;
+        Array::<half::bf16>::from_fn_on(&rig, &[m, m], |i| half::bf16::from_f32(((i[0] * 3 + i[1]) % 7) as f32 * 0.1))?;
+    let hc = Array::<half::bf16>::zeros_on(&rig, &[m, m])?;
     let t =
         time(mr, || assert_eq!(host.contract(&Contraction::matmul(0), &hc, &ha, &hb, None), nx::kernels::Answer::Done));
     let gb = flops / t / 1e9;

@@ -63,13 +63,13 @@ pub(crate) fn rows(size: usize, repeats: usize, python: &str) -> Result<(Vec<Row
     let gathered = Array::<f32>::zeros_on(&rig, &[tokens, width])?;
     let grad = Array::<f32>::zeros_on(&rig, &[vocab, width])?;
     let m = scaled(1 << 24, scale);
-    let x = Array::<f32>::from_fn_on(&rig, &[m], |i| ((i[0] * 7919 % 100_003) as f32 - 5e4) * 1e-4)?;
+    // standard normal values, as the peer's `randn`: every key byte varies, no radix pass skipped
+    let x = Array::<f32>::from_fn_on(&rig, &[m], |i| nx::normal(11, i[0] as u64) as f32)?;
     let (cs, sv, sp) =
         (Array::<f32>::zeros_on(&rig, &[m])?, Array::<f32>::zeros_on(&rig, &[m])?, Array::<i64>::zeros_on(&rig, &[m])?);
     let rows_k = scaled(512, scale);
-    let y = Array::<f32>::from_fn_on(&rig, &[rows_k, 50_000], |i| {
-        ((i[0] * 50_000 + i[1]) * 2_654_435_761 % 1_000_003) as f32
-    })?;
+    let y =
+        Array::<f32>::from_fn_on(&rig, &[rows_k, 50_000], |i| nx::normal(12, (i[0] * 50_000 + i[1]) as u64) as f32)?;
     let (tv, tp) = (Array::<f32>::zeros_on(&rig, &[rows_k, 50])?, Array::<i64>::zeros_on(&rig, &[rows_k, 50])?);
     let (b, h, t, d) = (4, 16, scaled(2048, scale), 64);
     let qkv: Vec<Array<f32>> = (0..3)

@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 
 use super::eval::Ptr;
-use super::{overlaps, through_door};
+use super::{destinations, through_door};
 use crate::door::Operand;
 use crate::kernels::{attention_refusal, Attention, Kv};
 use crate::{Answer, Dtype, Element};
@@ -462,7 +462,8 @@ pub(crate) fn attention(
                 {
                     return Answer::ShapeMismatch;
                 }
-                (ks[1], ts[lead] * ks[2], ks[2], ks[0])
+                let Some(tk) = ts[lead].checked_mul(ks[2]) else { return Answer::ShapeMismatch };
+                (ks[1], tk, ks[2], ks[0])
             }
         };
         let dv = vs[vs.len() - 1];
@@ -477,11 +478,8 @@ pub(crate) fn attention(
         if lengths.is_some_and(|l| l.layout().shape() != &qs[..lead]) {
             return Answer::ShapeMismatch;
         }
-        if !o.layout().is_contiguous() || !lse.layout().is_contiguous() {
-            return Answer::Declined;
-        }
-        if [o, lse].iter().any(|w| r.iter().any(|x| overlaps(*w, *x))) {
-            return Answer::Overlapping;
+        if let Some(a) = destinations(w, r) {
+            return a;
         }
         // lengths are positions: outside 0..=tk they are refused before any write (read when the
         // work runs: on a queued device they may still be being written when the call is checked)

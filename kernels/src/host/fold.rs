@@ -7,7 +7,7 @@ use super::eval::Ptr;
 use super::reduce::Term;
 use super::reg::dispatch_dtype;
 use super::scan::Scan;
-use super::{overlaps, through_door};
+use super::{destinations, through_door};
 use crate::door::Operand;
 use crate::kernels::Reduction;
 use crate::layout::Layout;
@@ -45,11 +45,8 @@ pub(crate) fn pad(pad: &Pad, fill: Value, dst: &dyn Operand, src: &dyn Operand) 
             Ok(s) if s == dst.layout().shape() => {}
             _ => return Answer::ShapeMismatch,
         }
-        if !dst.layout().is_contiguous() {
-            return Answer::Declined;
-        }
-        if overlaps(dst, src) {
-            return Answer::Overlapping;
+        if let Some(a) = destinations(w, r) {
+            return a;
         }
         if !execute {
             return Answer::Done;
@@ -113,11 +110,8 @@ pub(crate) fn fold(
         if !fits {
             return Answer::ShapeMismatch;
         }
-        if !dst.layout().is_contiguous() {
-            return Answer::Declined;
-        }
-        if overlaps(dst, src) {
-            return Answer::Overlapping;
+        if let Some(a) = destinations(w, r) {
+            return a;
         }
         if !execute {
             return Answer::Done;

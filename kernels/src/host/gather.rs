@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::eval::Ptr;
-use super::{overlaps, through_door};
+use super::{destinations, through_door};
 use crate::door::Operand;
 use crate::kernels::Scatter;
 use crate::layout::Layout;
@@ -95,10 +95,12 @@ unsafe fn copy_row(src: *const u8, dst: *mut u8, n: usize, size: usize, run: boo
 }
 
 /// The values of an `i64` operand in C order of its indices, or `IndexOutOfRange` where one
-/// lies outside `0..=limit - run` (runs of `run` from each).
+/// lies outside `0..=limit - run` (runs of `run` from each); `Declined` where their list does not
+/// fit in memory (a broadcast index of more elements than memory holds).
 fn indices(index: &dyn Operand, limit: usize, run: usize) -> Result<Vec<usize>, Answer> {
     let p = Ptr::of(index);
-    let mut out = Vec::with_capacity(index.layout().numel());
+    let mut out = Vec::new();
+    out.try_reserve_exact(index.layout().numel()).map_err(|_| Answer::Declined)?;
     for pos in index.layout().positions() {
         // SAFETY: the door holds a claim on `index`; positions of its checked layout.
         let v = unsafe { <i64 as crate::Element>::load(p.at(Dtype::I64, pos)) };
@@ -134,11 +136,8 @@ pub(crate) fn gather(
         if dst.layout().shape() != want {
             return Answer::ShapeMismatch;
         }
-        if !dst.layout().is_contiguous() {
-            return Answer::Declined;
-        }
-        if overlaps(dst, src) || overlaps(dst, index) {
-            return Answer::Overlapping;
+        if let Some(a) = destinations(w, r) {
+            return a;
         }
         // the indices' values are read when the work runs (on a queued device they may still be
         // being written when the call is checked), before any write
@@ -203,12 +202,9 @@ pub(crate) fn scatter(
         if src.layout().shape() != want || into.is_some_and(|i| i.layout().shape() != ds) {
             return Answer::ShapeMismatch;
         }
-        if !dst.layout().is_contiguous() {
-            return Answer::Declined;
-        }
         // `into` may be the destination itself (read at each element's own index only)
-        if overlaps(dst, src) || overlaps(dst, index) {
-            return Answer::Overlapping;
+        if let Some(a) = destinations(w, &[src, index]) {
+            return a;
         }
         if !execute {
             return Answer::Done;

@@ -17,7 +17,8 @@
 //! - **gather**, **range gather**, **scatter** (`Set`, `Add`), **assemble**: every dtype (a
 //!   scatter's `Add` every dtype but booleans), `i64` indices. An index outside its axis is
 //!   refused as `IndexOutOfRange` before any write (on a queued device, when the work runs: the
-//!   device is lost, naming it).
+//!   device is lost, naming it); declines an index of more elements than memory holds (a
+//!   broadcast view).
 //! - **sort** (values and/or positions, a top-k where the destinations are shorter): every real
 //!   dtype and booleans; declines complex ones and lanes of 2³² elements or more.
 //! - **pad** (every dtype) and **fold** (`Sum`, `Prod`, `Max`, `Min` of the dtypes it reduces,
@@ -325,6 +326,16 @@ pub fn store_fence() {
 pub(crate) fn overlaps(w: &dyn Operand, r: &dyn Operand) -> bool {
     w.buffer().memory_id() == r.buffer().memory_id()
         && crate::door::shares_byte(w.layout(), w.dtype().size(), r.layout(), r.dtype().size())
+}
+
+/// The refusal of destinations `written` for a kernel that reads `read` at other indices than the
+/// result's own: `Declined` for a destination that is not C-contiguous, then `Overlapping` for
+/// one sharing a byte with such an operand; `None` where they fit.
+pub(crate) fn destinations(written: &[&dyn Operand], read: &[&dyn Operand]) -> Option<Answer> {
+    if written.iter().any(|w| !w.layout().is_contiguous()) {
+        return Some(Answer::Declined);
+    }
+    written.iter().any(|w| read.iter().any(|r| overlaps(*w, *r))).then_some(Answer::Overlapping)
 }
 
 /// Runs a kernel's `body(written, read, run)` through the door: its checks, then (where `run`)

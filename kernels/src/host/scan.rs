@@ -9,7 +9,7 @@ use super::eval::Ptr;
 use super::lanes::Lanes;
 use super::reduce::Term;
 use super::reg::dispatch_dtype;
-use super::{overlaps, through_door};
+use super::{destinations, through_door};
 use crate::door::Operand;
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
 use crate::kernels::{scan_refusal, Reduction};
@@ -128,11 +128,8 @@ pub(crate) fn scan(
                 return Answer::ShapeMismatch;
             }
         }
-        if !dst.layout().is_contiguous() {
-            return Answer::Declined;
-        }
-        if overlaps(dst, src) || carry.is_some_and(|c| overlaps(dst, c)) {
-            return Answer::Overlapping;
+        if let Some(a) = destinations(w, r) {
+            return a;
         }
         if !execute {
             return Answer::Done;
