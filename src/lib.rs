@@ -23,8 +23,10 @@
 //! .unwrap();
 //! ```
 
+pub mod autodiff;
 mod launch;
 mod ops;
+mod shape;
 pub mod store;
 mod tensor;
 pub mod testing;
@@ -75,4 +77,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// As [`nx_placement::plan()`]: a placement cutting an axis past the shape's rank.
 pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], dtype: Dtype) -> Result<Plan> {
     Ok(nx_placement::plan(from, to, shape, dtype.size())?)
+}
+
+impl From<nx_mesh::Error> for Error {
+    fn from(e: nx_mesh::Error) -> Error {
+        Error::Placement(nx_placement::Error::Mesh(e))
+    }
 }

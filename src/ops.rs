@@ -35,7 +35,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
 
     /// An error unless `axis` is an axis of the shape that the placement leaves whole (and, unless
     /// `partial_ok`, the value is not a sum).
-    fn whole(&self, func: &'static str, axis: usize, partial_ok: bool) -> Result<()> {
+    pub(crate) fn whole(&self, func: &'static str, axis: usize, partial_ok: bool) -> Result<()> {
         self.axis_of(func, axis)?;
         if !partial_ok && self.placement.is_partial() {
             return Err(err(func, format!("{} is a sum of terms: place it closed first", self.placement)));

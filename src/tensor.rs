@@ -4,7 +4,7 @@ use nx_collectives::Reducible;
 use nx_kernels::prog::{CmpOp, Prog, UnOp, V};
 use nx_kernels::{refused, Answer, Array, Contraction, Element, Kernels, Move, Reduction, Value};
 use nx_placement::region::Window;
-use nx_placement::{Placement, PlacementSpec, Plan};
+use nx_placement::{rules, Placement, Plan};
 
 use crate::launch::Ctx;
 use crate::{Error, Result};
@@ -58,30 +58,15 @@ pub(crate) fn window_shape(w: &Window) -> Vec<usize> {
 /// A placement's cuts (tensor axis, mesh axis names) and sums (mesh axis names).
 pub(crate) type Parts = (Vec<(usize, Vec<String>)>, Vec<String>);
 
-/// The cuts and sums of a placement, by mesh axis names (`split` over the flat mesh's `x`).
+/// The cuts and sums of a placement, by mesh axis names ([`nx_placement::rules::parts`]).
 pub(crate) fn parts(func: &'static str, p: &Placement<'_>) -> Result<Parts> {
-    Ok(match p.spec() {
-        PlacementSpec::On => (Vec::new(), Vec::new()),
-        PlacementSpec::Split(a) => (vec![(a, vec!["x".to_string()])], Vec::new()),
-        PlacementSpec::Mesh { cuts } => (cuts, Vec::new()),
-        PlacementSpec::Partial { sums, cuts } => (cuts, sums),
-        PlacementSpec::Device(_) => {
-            return Err(err(func, format!("{p} holds the value on one device: place it over the mesh first")))
-        }
-    })
+    let pp = rules::parts(func, p)?;
+    Ok((pp.cuts, pp.sums))
 }
 
-fn cut_of(cuts: &[(usize, Vec<String>)], axis: usize) -> Vec<String> {
-    cuts.iter().find(|c| c.0 == axis).map(|c| c.1.clone()).unwrap_or_default()
-}
-
-/// A placement over `p`'s mesh with `sums` and `cuts` (by names).
+/// A placement over `p`'s mesh with `sums` and `cuts` (by names): [`nx_placement::rules::rebuild`].
 pub(crate) fn rebuild<'d>(p: &Placement<'d>, sums: &[String], cuts: &[(usize, Vec<String>)]) -> Result<Placement<'d>> {
-    let names: Vec<(usize, Vec<&str>)> =
-        cuts.iter().map(|(a, n)| (*a, n.iter().map(String::as_str).collect())).collect();
-    let cut_refs: Vec<(usize, &[&str])> = names.iter().map(|(a, n)| (*a, n.as_slice())).collect();
-    let s: Vec<&str> = sums.iter().map(String::as_str).collect();
-    Ok(Placement::partial(p.mesh_of(), &s, &cut_refs)?)
+    Ok(rules::rebuild(p, &rules::Parts { cuts: cuts.to_vec(), sums: sums.to_vec() })?)
 }
 
 impl<'d, T: Reducible> Tensor<'d, T> {
@@ -505,71 +490,15 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     pub fn contract(&self, other: &Tensor<'d, T>, spec: &Contraction) -> Result<Self> {
         const FUNC: &str = "nx::Tensor::contract";
         let shape = spec.shape(&self.shape, &other.shape).map_err(|why| err(FUNC, why))?;
-        if self.placement.mesh_of().spec() != other.placement.mesh_of().spec()
-            || !self.placement.devices().same_list(other.placement.devices())
-        {
-            return Err(err(
-                FUNC,
-                format!("operands over different meshes: {:#} and {:#}", self.placement, other.placement),
-            ));
-        }
-        if self.placement.is_partial() || other.placement.is_partial() {
-            return Err(err(
-                FUNC,
-                format!("a partial operand ({} · {}): close it with place first", self.placement, other.placement),
-            ));
-        }
-        let (xc, _) = parts(FUNC, &self.placement)?;
-        let (wc, _) = parts(FUNC, &other.placement)?;
-        let differ = |what: &str, i: usize, j: usize, a: &[String], b: &[String]| {
-            err(
-                FUNC,
-                format!(
-                    "the {what} pair ({i}, {j}) is cut over {a:?} on the left ({}) and {b:?} on the right ({}): place one to match",
-                    self.placement, other.placement
-                ),
-            )
-        };
-        let mut sums: Vec<String> = Vec::new();
-        for &(i, j) in &spec.contracting {
-            let (a, b) = (cut_of(&xc, i), cut_of(&wc, j));
-            if a != b {
-                return Err(differ("contracting axis", i, j, &a, &b));
-            }
-            sums.extend(a);
-        }
-        let mut axes_cuts: Vec<Vec<String>> = Vec::new();
-        for &(i, j) in &spec.batch {
-            let (a, b) = (cut_of(&xc, i), cut_of(&wc, j));
-            if a != b {
-                return Err(differ("batch", i, j, &a, &b));
-            }
-            axes_cuts.push(a);
-        }
-        let used_a: Vec<usize> = spec.batch.iter().map(|p| p.0).chain(spec.contracting.iter().map(|p| p.0)).collect();
-        let used_b: Vec<usize> = spec.batch.iter().map(|p| p.1).chain(spec.contracting.iter().map(|p| p.1)).collect();
-        axes_cuts.extend((0..self.shape.len()).filter(|a| !used_a.contains(a)).map(|a| cut_of(&xc, a)));
-        axes_cuts.extend((0..other.shape.len()).filter(|a| !used_b.contains(a)).map(|a| cut_of(&wc, a)));
-        let mut seen: Vec<&String> = sums.iter().collect();
-        for c in axes_cuts.iter().flatten() {
-            if seen.contains(&c) {
-                return Err(err(
-                    FUNC,
-                    format!(
-                        "{} · {}: mesh axis {c:?} would cut two axes of the result",
-                        self.placement, other.placement
-                    ),
-                ));
-            }
-            seen.push(c);
-        }
-        let cuts: Vec<(usize, Vec<String>)> =
-            axes_cuts.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect();
-        let placement = if self.placement.spec() == PlacementSpec::On && other.placement.spec() == PlacementSpec::On {
-            Placement::on(self.ctx.devices())
-        } else {
-            rebuild(&self.placement, &sums, &cuts)?
-        };
+        let placement = rules::contract(
+            FUNC,
+            &self.placement,
+            &other.placement,
+            self.shape.len(),
+            other.shape.len(),
+            &spec.batch,
+            &spec.contracting,
+        )?;
         let local = match (&self.local, &other.local, placement.window(&shape, self.ctx.index())?) {
             (Some(a), Some(b), Some(w)) => {
                 let dst = Array::<T>::uninit_on(self.ctx.rig(), &window_shape(&w))?;
@@ -591,13 +520,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         if self.shape.len() != 2 {
             return Err(err(FUNC, format!("needs a 2-D value, got {:?}", self.shape)));
         }
-        let (cuts, sums) = parts(FUNC, &self.placement)?;
-        let cuts: Vec<(usize, Vec<String>)> = cuts.into_iter().map(|(a, n)| (1 - a, n)).collect();
-        let placement = match self.placement.spec() {
-            PlacementSpec::On => self.placement.clone(),
-            PlacementSpec::Split(a) => Placement::split(1 - a, self.placement.devices())?,
-            _ => rebuild(&self.placement, &sums, &cuts)?,
-        };
+        let placement = rules::permute(FUNC, &self.placement, &[1, 0])?;
         let local = match &self.local {
             Some(a) => Some(a.apply(&Move::Permute(vec![1, 0]))?.expect("a permutation is a view").copy()?),
             None => None,
@@ -615,24 +538,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         if axis >= self.shape.len() {
             return Err(err(FUNC, format!("axis {axis} of a value of shape {:?}", self.shape)));
         }
-        let (cuts, mut sums) = parts(FUNC, &self.placement)?;
-        let mut rest = Vec::new();
-        for (a, names) in cuts {
-            if a == axis {
-                sums.extend(names);
-            } else {
-                rest.push((if a > axis { a - 1 } else { a }, names));
-            }
-        }
-        let placement = if sums.is_empty() && rest.is_empty() && self.placement.spec() == PlacementSpec::On {
-            self.placement.clone()
-        } else if matches!(self.placement.spec(), PlacementSpec::Split(_)) && sums.is_empty() {
-            // another axis of a split summed: still a split, of the shifted axis
-            Placement::split(rest[0].0, self.placement.devices())?
-        } else {
-            // (a split's own axis summed is a sum over its flat mesh's `x`)
-            rebuild(&self.placement, &sums, &rest)?
-        };
+        let placement = rules::reduce(FUNC, &self.placement, &[axis])?;
         let mut shape = self.shape.clone();
         shape.remove(axis);
         let local = match &self.local {

@@ -13,6 +13,7 @@
 mod placement;
 pub mod plan;
 pub mod region;
+pub mod rules;
 mod spec;
 
 pub use placement::Placement;
@@ -138,6 +139,14 @@ pub enum Error {
         /// The 1-based column of the problem.
         column: usize,
         /// What was wrong.
+        why: String,
+    },
+    /// Operands whose placements an op's propagation rule cannot combine ([`rules`]).
+    #[error("{func}: {why}")]
+    Rule {
+        /// The function called.
+        func: &'static str,
+        /// What does not fit, naming the placements.
         why: String,
     },
     /// An error of the device set or mesh.

@@ -1,0 +1,290 @@
+//! Placement propagation rules: the placement of an op's result from its operands' placements,
+//! as pure functions of placements and shapes (no mesh is launched, no byte moves).
+//!
+//! A placement is taken apart into [`Parts`]: its cuts (tensor axis, mesh axis names) and its sums
+//! (mesh axis names); each rule maps parts to parts and [`rebuild`] lays them over the operand's
+//! mesh again.
+//!
+//! | rule | result |
+//! |---|---|
+//! | [`contract`] | each result axis cut as its operand cuts it; contracting pairs cut alike on both sides make the result a sum over their mesh axes |
+//! | [`reduce`] | the reduced axes removed; the mesh axes that cut them become sums |
+//! | [`permute`] | the cuts follow their axes |
+//! | [`reshape`] | each cut moves to the leading axis of its group of merged or split axes, where every device's window is the same set of elements |
+//!
+//! ```
+//! use nx_placement::{rules, Devices, Device, Mesh, Placement};
+//! let set = Devices::unbranded(Device::sims(4)).unwrap();
+//! let mesh = Mesh::new(&set, &[("dp", 2), ("tp", 2)]).unwrap();
+//! // x [b, c] rows over dp, columns over tp; w [c, h] rows over tp: a sum over tp
+//! let x = Placement::mesh(&mesh, &[(0, &["dp"]), (1, &["tp"])]).unwrap();
+//! let w = Placement::mesh(&mesh, &[(0, &["tp"])]).unwrap();
+//! let y = rules::contract("example", &x, &w, 2, 2, &[], &[(1, 0)]).unwrap();
+//! assert_eq!(y.to_string(), Placement::partial(&mesh, &["tp"], &[(0, &["dp"])]).unwrap().to_string());
+//! ```
+
+use crate::{Error, Placement, PlacementSpec, Result};
+
+/// A placement taken apart: cuts (tensor axis, mesh axis names, in order) and sums (mesh axis
+/// names). `split(a)` is a cut of `a` over its flat mesh's axis `x`; `on` has neither.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Parts {
+    /// Tensor axis and the mesh axes cutting it.
+    pub cuts: Vec<(usize, Vec<String>)>,
+    /// Summed mesh axes.
+    pub sums: Vec<String>,
+}
+
+impl Parts {
+    /// The mesh axes cutting `axis` (empty where it is whole).
+    pub fn cut_of(&self, axis: usize) -> Vec<String> {
+        self.cuts.iter().find(|c| c.0 == axis).map(|c| c.1.clone()).unwrap_or_default()
+    }
+}
+
+/// The parts of `p`.
+///
+/// # Errors
+/// [`Error::Rule`] for a value held on one device (`device(k)`): it has no mesh to propagate over.
+pub fn parts(func: &'static str, p: &Placement<'_>) -> Result<Parts> {
+    Ok(match p.spec() {
+        PlacementSpec::On => Parts::default(),
+        PlacementSpec::Split(a) => Parts { cuts: vec![(a, vec!["x".to_string()])], sums: Vec::new() },
+        PlacementSpec::Mesh { cuts } => Parts { cuts, sums: Vec::new() },
+        PlacementSpec::Partial { sums, cuts } => Parts { cuts, sums },
+        PlacementSpec::Device(_) => {
+            return Err(Error::Rule {
+                func,
+                why: format!("{p} holds the value on one device: place it over the mesh first"),
+            })
+        }
+    })
+}
+
+/// `parts` laid over `p`'s mesh; `on` and `split` where they are what the parts say over a flat
+/// mesh, so that a result keeps the operand's spelling.
+///
+/// # Errors
+/// The errors of [`Placement::partial`]: a mesh axis in two cuts, or both summed and cutting.
+pub fn rebuild<'d>(p: &Placement<'d>, parts: &Parts) -> Result<Placement<'d>> {
+    let flat = matches!(p.spec(), PlacementSpec::On | PlacementSpec::Split(_));
+    if flat && parts.sums.is_empty() {
+        match parts.cuts.as_slice() {
+            [] => return Ok(Placement::on(p.devices())),
+            [(a, n)] if n.len() == 1 => return Placement::split(*a, p.devices()),
+            _ => {}
+        }
+    }
+    let names: Vec<(usize, Vec<&str>)> =
+        parts.cuts.iter().map(|(a, n)| (*a, n.iter().map(String::as_str).collect())).collect();
+    let cut_refs: Vec<(usize, &[&str])> = names.iter().map(|(a, n)| (*a, n.as_slice())).collect();
+    let s: Vec<&str> = parts.sums.iter().map(String::as_str).collect();
+    Placement::partial(p.mesh_of(), &s, &cut_refs)
+}
+
+/// The placement of the contraction of `a` (rank `ra`) with `b` (rank `rb`) over `contracting`
+/// pairs, keeping `batch` pairs: result axes are the batch pairs, then `a`'s free axes, then `b`'s,
+/// each cut as its operand cuts it; contracting pairs cut over the same mesh axes on both sides
+/// make the result a sum over them.
+///
+/// # Errors
+/// [`Error::Rule`] for operands over different meshes, partial operands, a pair cut differently
+/// on the two sides, or a mesh axis that would cut two result axes.
+pub fn contract<'d>(
+    func: &'static str,
+    a: &Placement<'d>,
+    b: &Placement<'d>,
+    ra: usize,
+    rb: usize,
+    batch: &[(usize, usize)],
+    contracting: &[(usize, usize)],
+) -> Result<Placement<'d>> {
+    let fail = |why: String| Error::Rule { func, why };
+    if a.mesh_of().spec() != b.mesh_of().spec() || !a.devices().same_list(b.devices()) {
+        return Err(fail(format!("operands over different meshes: {a:#} and {b:#}")));
+    }
+    if a.is_partial() || b.is_partial() {
+        return Err(fail(format!("a partial operand ({a} · {b}): close it with place first")));
+    }
+    let (pa, pb) = (parts(func, a)?, parts(func, b)?);
+    let differ = |what: &str, i: usize, j: usize, x: &[String], y: &[String]| {
+        fail(format!("the {what} pair ({i}, {j}) is cut over {x:?} on the left ({a}) and {y:?} on the right ({b}): place one to match"))
+    };
+    let mut sums: Vec<String> = Vec::new();
+    for &(i, j) in contracting {
+        let (x, y) = (pa.cut_of(i), pb.cut_of(j));
+        if x != y {
+            return Err(differ("contracting axis", i, j, &x, &y));
+        }
+        sums.extend(x);
+    }
+    let mut axes: Vec<Vec<String>> = Vec::new();
+    for &(i, j) in batch {
+        let (x, y) = (pa.cut_of(i), pb.cut_of(j));
+        if x != y {
+            return Err(differ("batch", i, j, &x, &y));
+        }
+        axes.push(x);
+    }
+    let used_a: Vec<usize> = batch.iter().chain(contracting).map(|p| p.0).collect();
+    let used_b: Vec<usize> = batch.iter().chain(contracting).map(|p| p.1).collect();
+    axes.extend((0..ra).filter(|x| !used_a.contains(x)).map(|x| pa.cut_of(x)));
+    axes.extend((0..rb).filter(|x| !used_b.contains(x)).map(|x| pb.cut_of(x)));
+    let mut seen: Vec<&String> = sums.iter().collect();
+    for c in axes.iter().flatten() {
+        if seen.contains(&c) {
+            return Err(fail(format!("{a} · {b}: mesh axis {c:?} would cut two axes of the result")));
+        }
+        seen.push(c);
+    }
+    let cuts = axes.into_iter().enumerate().filter(|(_, c)| !c.is_empty()).collect();
+    rebuild(a, &Parts { cuts, sums })
+}
+
+/// The placement of a reduction of `axes` (sorted or not, each once) of a value at `p`: the axes
+/// removed, the mesh axes that cut them become sums (kept sums stay).
+///
+/// # Errors
+/// As [`parts`].
+pub fn reduce<'d>(func: &'static str, p: &Placement<'d>, axes: &[usize]) -> Result<Placement<'d>> {
+    let pp = parts(func, p)?;
+    let mut out = Parts { cuts: Vec::new(), sums: pp.sums };
+    for (a, names) in pp.cuts {
+        if axes.contains(&a) {
+            out.sums.extend(names);
+        } else {
+            out.cuts.push((a - axes.iter().filter(|&&x| x < a).count(), names));
+        }
+    }
+    rebuild(p, &out)
+}
+
+/// The placement of `p` with its axes reordered (result axis `i` is axis `perm[i]`).
+///
+/// # Errors
+/// As [`parts`]; [`Error::Rule`] where `perm` is not a permutation covering the cut axes.
+pub fn permute<'d>(func: &'static str, p: &Placement<'d>, perm: &[usize]) -> Result<Placement<'d>> {
+    let pp = parts(func, p)?;
+    let mut cuts = Vec::with_capacity(pp.cuts.len());
+    for (a, names) in pp.cuts {
+        let Some(i) = perm.iter().position(|&x| x == a) else {
+            return Err(Error::Rule { func, why: format!("{perm:?} does not move axis {a}, which {p} cuts") });
+        };
+        cuts.push((i, names));
+    }
+    rebuild(p, &Parts { cuts, sums: pp.sums })
+}
+
+/// Groups of axes of `from` and `to` with equal products, in order: (`from` axes, `to` axes).
+fn groups(from: &[usize], to: &[usize]) -> Option<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < from.len() || j < to.len() {
+        let (i0, j0) = (i, j);
+        let (mut pa, mut pb) = (1u128, 1u128);
+        // take at least one axis from each side where one is left, then grow the smaller
+        if i < from.len() {
+            pa *= from[i] as u128;
+            i += 1;
+        }
+        if j < to.len() {
+            pb *= to[j] as u128;
+            j += 1;
+        }
+        while pa != pb {
+            if pa < pb && i < from.len() {
+                pa *= from[i] as u128;
+                i += 1;
+            } else if pb < pa && j < to.len() {
+                pb *= to[j] as u128;
+                j += 1;
+            } else {
+                return None;
+            }
+        }
+        // trailing axes of one extent join the group
+        while i < from.len() && from[i] == 1 && (j == to.len() || to[j] != 1) {
+            i += 1;
+        }
+        while j < to.len() && to[j] == 1 && (i == from.len() || from[i] != 1) {
+            j += 1;
+        }
+        out.push((i0..i, j0..j));
+    }
+    Some(out)
+}
+
+/// The flat range a window covers within a group of axes, where it is one run of C order; `None`
+/// where it is not contiguous there.
+fn run(w: &crate::Window, shape: &[usize], axes: std::ops::Range<usize>) -> Option<(u128, u128)> {
+    let ax: Vec<usize> = axes.collect();
+    if ax.iter().any(|&a| w[a].is_empty()) {
+        return Some((0, 0));
+    }
+    // the first axis taking more than one element; those after it must be whole
+    if let Some(k) = ax.iter().position(|&a| w[a].len() > 1) {
+        if ax[k + 1..].iter().any(|&a| w[a].len() != shape[a]) {
+            return None;
+        }
+    }
+    let mut start = 0u128;
+    for &a in &ax {
+        start = start * shape[a] as u128 + w[a].start as u128;
+    }
+    let count: u128 = ax.iter().map(|&a| w[a].len() as u128).product();
+    Some((start, start + count))
+}
+
+/// The placement of a value at `p` of shape `from` reshaped to `to` (C order): within each group
+/// of axes whose extents multiply alike, the mesh axes cutting its one cut axis cut the group's
+/// first axis of `to` of more than one element; the result is that placement where every device's
+/// window covers the same elements as before, else an error.
+///
+/// # Errors
+/// [`Error::Rule`] where the element counts differ, a group has two cut axes, or the windows of
+/// the reshaped value would not hold the same elements (place the value first).
+pub fn reshape<'d>(func: &'static str, p: &Placement<'d>, from: &[usize], to: &[usize]) -> Result<Placement<'d>> {
+    let count = |s: &[usize]| s.iter().try_fold(1u128, |a, &x| a.checked_mul(x as u128));
+    if count(from) != count(to) {
+        return Err(Error::Rule { func, why: format!("{from:?} and {to:?} hold different numbers of elements") });
+    }
+    let pp = parts(func, p)?;
+    if pp.cuts.is_empty() {
+        return Ok(p.clone());
+    }
+    let fail = |why: &str| Error::Rule {
+        func,
+        why: format!("{from:?} at {p} cannot become {to:?} without moving elements ({why}): place it first"),
+    };
+    let gs = groups(from, to).ok_or_else(|| fail("no grouping of the axes"))?;
+    let mut cuts = Vec::new();
+    for (ga, gb) in &gs {
+        let inside: Vec<&(usize, Vec<String>)> = pp.cuts.iter().filter(|c| ga.contains(&c.0)).collect();
+        match inside.as_slice() {
+            [] => {}
+            [(_, names)] => {
+                let lead = gb.clone().find(|&j| to[j] > 1).unwrap_or(gb.start);
+                if gb.is_empty() {
+                    return Err(fail("a cut axis vanishes"));
+                }
+                cuts.push((lead, names.clone()));
+            }
+            _ => return Err(fail("two cut axes in one group")),
+        }
+    }
+    let q = rebuild(p, &Parts { cuts, sums: pp.sums })?;
+    for d in 0..p.devices().len() {
+        match (p.window(from, d)?, q.window(to, d)?) {
+            (None, None) => {}
+            (Some(wa), Some(wb)) => {
+                for (ga, gb) in &gs {
+                    let (x, y) = (run(&wa, from, ga.clone()), run(&wb, to, gb.clone()));
+                    if x.is_none() || x != y {
+                        return Err(fail(&format!("device {d}'s windows {wa:?} and {wb:?} differ")));
+                    }
+                }
+            }
+            _ => return Err(fail("a device would hold a window in one and none in the other")),
+        }
+    }
+    Ok(q)
+}

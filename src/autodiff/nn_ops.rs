@@ -1,0 +1,342 @@
+//! The differentiable ops of neural networks over placements: norms, embedding lookups,
+//! vocabulary-parallel cross-entropy, attention and dropout.
+
+use nx_collectives::{ReduceOp, Reducible};
+use nx_kernels::prog::CmpOp;
+use nx_kernels::{Array, Contraction, Value};
+use nx_placement::rules;
+
+use super::ops::{fit, keep};
+use super::Var;
+use crate::tensor::{err, window_shape};
+use crate::{uniform, Placement, Result, Tensor};
+
+/// Dropout's settings: the probability of zeroing an element and the seed of its mask. The mask
+/// of element `i` is `uniform(seed, i) < p` (the flat global index), so it is the same for every
+/// mesh and placement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    /// The probability of zeroing an element, in [0, 1).
+    pub p: f64,
+    /// The seed (one per use and step).
+    pub seed: u64,
+}
+
+/// `x` as an `f64` (floats widen exactly).
+fn to_f64<T: Reducible>(x: T) -> f64 {
+    match x.to_value() {
+        Value::Float(v) => v,
+        Value::Int(i) => i as f64,
+        Value::Bool(b) => f64::from(u8::from(b)),
+        Value::Complex(c) => c.re,
+    }
+}
+
+/// The mesh-axis names cutting `axis` of `p` (empty where whole).
+fn cut_names(func: &'static str, p: &Placement<'_>, axis: usize) -> Result<Vec<String>> {
+    Ok(rules::parts(func, p)?.cut_of(axis))
+}
+
+/// The start of this rank's window along `axis` (0 where it holds none).
+fn window_start<T: Reducible>(t: &Tensor<'_, T>, axis: usize) -> Result<usize> {
+    Ok(t.placement.window(&t.shape, t.ctx.index())?.map(|w| w[axis].start).unwrap_or(0))
+}
+
+impl<'d, T: Reducible> Var<'d, T> {
+    /// Layer normalisation over the last axis (whole on the placement):
+    /// `(x − mean)/√(var + eps) · gamma + beta`, `var` the biased variance; composed of
+    /// differentiable ops.
+    ///
+    /// # Errors
+    /// A last axis cut; a partial value; `gamma`/`beta` not of the last axis's extent.
+    pub fn layer_norm(&self, gamma: &Var<'d, T>, beta: &Var<'d, T>, eps: f64) -> Result<Self> {
+        let r = self.shape().len();
+        if r == 0 {
+            return Err(err("nx::autodiff::Var::layer_norm", "a scalar has no axis to normalise".into()));
+        }
+        self.value.whole("nx::autodiff::Var::layer_norm", r - 1, false)?;
+        let ks = keep(&self.shape()[..r - 1], r - 1);
+        let mu = self.mean(r - 1)?.reshape(&ks)?;
+        let xc = self.sub(&mu)?;
+        let var = xc.square()?.mean(r - 1)?.reshape(&ks)?;
+        let rstd = var.add_scalar(eps)?.rsqrt()?;
+        xc.mul(&rstd)?.mul(gamma)?.add(beta)
+    }
+
+    /// RMS normalisation over the last axis: `x/√(mean(x²) + eps) · gamma`.
+    ///
+    /// # Errors
+    /// As [`Var::layer_norm`].
+    pub fn rms_norm(&self, gamma: &Var<'d, T>, eps: f64) -> Result<Self> {
+        let r = self.shape().len();
+        if r == 0 {
+            return Err(err("nx::autodiff::Var::rms_norm", "a scalar has no axis to normalise".into()));
+        }
+        self.value.whole("nx::autodiff::Var::rms_norm", r - 1, false)?;
+        let ks = keep(&self.shape()[..r - 1], r - 1);
+        let ms = self.square()?.mean(r - 1)?.reshape(&ks)?;
+        self.mul(&ms.add_scalar(eps)?.rsqrt()?)?.mul(gamma)
+    }
+
+    /// Elements zeroed with probability `d.p`, the others scaled by `1/(1 − p)`; the identity
+    /// where `p` is 0.
+    ///
+    /// # Errors
+    /// A `p` outside [0, 1); a partial value.
+    pub fn dropout(&self, d: Dropout) -> Result<Self> {
+        if !(0.0..1.0).contains(&d.p) {
+            return Err(err("nx::autodiff::Var::dropout", format!("p = {} is not in [0, 1)", d.p)));
+        }
+        if d.p == 0.0 {
+            return Ok(self.clone());
+        }
+        let keep_scale = 1.0 / (1.0 - d.p);
+        let strides: Vec<usize> =
+            (0..self.shape().len()).map(|i| self.shape()[i + 1..].iter().product()).collect();
+        let mask = Tensor::<T>::from_fn(&self.value.ctx, self.shape(), &self.placement().closed(), |i| {
+            let flat: usize = i.iter().zip(&strides).map(|(a, b)| a * b).sum();
+            crate::from_f64(if uniform(d.seed, flat as u64) < d.p { 0.0 } else { keep_scale })
+        })?;
+        self.mul(&self.tape.constant(mask))
+    }
+
+    /// The rows `ids` (`i64`, any shape) of the table `self` `[n, d]`: a result of shape
+    /// `ids.shape + [d]`, cut on the leading axes as `ids` and on the last as the table's
+    /// columns. Where the table's rows are cut over mesh axes (a vocabulary-parallel embedding),
+    /// each rank looks up the ids in its rows, zeros elsewhere, and the result is a sum over those
+    /// axes (closed by `place`, Megatron's all-reduce). The gradient is a scatter-add of the
+    /// output's gradient into the table's rows, in index order (deterministic), a sum over the
+    /// mesh axes cutting `ids`.
+    ///
+    /// # Errors
+    /// A table not 2-D or partial; partial ids; ids and table over different meshes, or cut over
+    /// a mesh axis that also cuts the table's rows; an id outside `0..n`.
+    pub fn embedding(&self, ids: &Tensor<'d, i64>) -> Result<Self> {
+        const FUNC: &str = "nx::autodiff::Var::embedding";
+        let t = &self.value;
+        if t.shape.len() != 2 || t.placement.is_partial() || ids.placement.is_partial() {
+            return Err(err(
+                FUNC,
+                format!("needs a closed table [n, d] and closed ids, got {:?} at {} and ids at {}", t.shape, t.placement, ids.placement),
+            ));
+        }
+        if t.placement.mesh_of().spec() != ids.placement.mesh_of().spec() {
+            return Err(err(FUNC, format!("the table at {:#} and ids at {:#} are over different meshes", t.placement, ids.placement)));
+        }
+        let (n, d) = (t.shape[0], t.shape[1]);
+        let rows = cut_names(FUNC, &t.placement, 0)?;
+        let cols = cut_names(FUNC, &t.placement, 1)?;
+        let ip = rules::parts(FUNC, &ids.placement)?;
+        if let Some(c) = ip.cuts.iter().flat_map(|c| &c.1).find(|c| rows.contains(c) || cols.contains(c)) {
+            return Err(err(FUNC, format!("mesh axis {c:?} cuts both the ids ({}) and the table ({})", ids.placement, t.placement)));
+        }
+        let mut cuts = ip.cuts.clone();
+        if !cols.is_empty() {
+            cuts.push((ids.shape.len(), cols));
+        }
+        let placement = rules::rebuild(&t.placement, &rules::Parts { cuts, sums: rows.clone() })?;
+        let mut shape = ids.shape.clone();
+        shape.push(d);
+        let r0 = window_start(t, 0)?;
+        let local = match (&t.local, &ids.local, placement.window(&shape, t.ctx.index())?) {
+            (Some(tab), Some(ix), Some(w)) => {
+                let (tv, iv) = (tab.to_vec()?, ix.to_vec()?);
+                let (tn, td) = (tab.shape()[0], tab.shape()[1]);
+                let mut out = vec![T::default(); iv.len() * td];
+                for (k, &id) in iv.iter().enumerate() {
+                    if id < 0 || id as usize >= n {
+                        return Err(err(FUNC, format!("id {id} at position {k} of rank {}'s ids is outside 0..{n}", t.ctx.rank())));
+                    }
+                    let i = id as usize;
+                    if (r0..r0 + tn).contains(&i) {
+                        out[k * td..(k + 1) * td].copy_from_slice(&tv[(i - r0) * td..(i - r0 + 1) * td]);
+                    }
+                }
+                Some(Array::from_vec_on(t.ctx.rig(), &window_shape(&w), out)?)
+            }
+            _ => None,
+        };
+        let out = t.with_local(placement.clone(), shape, local);
+        let (table, ids) = (t.clone(), ids.clone());
+        Ok(self.tape.record(out, &[self], move |g| {
+            let g = fit(g, &placement)?;
+            // each rank adds its positions' gradients into its rows, in position order
+            let sums: Vec<String> = ip.cuts.iter().flat_map(|c| c.1.clone()).collect();
+            let tp = rules::parts(FUNC, &table.placement)?;
+            let gp = rules::rebuild(&table.placement, &rules::Parts { cuts: tp.cuts, sums })?;
+            let local = match (&table.local, &ids.local, &g.local) {
+                (Some(tab), Some(ix), Some(gl)) => {
+                    let (iv, gv) = (ix.to_vec()?, gl.to_vec()?);
+                    let (tn, td) = (tab.shape()[0], tab.shape()[1]);
+                    // in the carrier, rounded once
+                    let mut acc: Vec<T::Acc> = vec![T::default().widen(); tn * td];
+                    for (k, &id) in iv.iter().enumerate() {
+                        let i = id as usize;
+                        if (r0..r0 + tn).contains(&i) {
+                            let row = &mut acc[(i - r0) * td..(i - r0 + 1) * td];
+                            for (a, &b) in row.iter_mut().zip(&gv[k * td..(k + 1) * td]) {
+                                *a = T::combine(ReduceOp::Sum, *a, b.widen()).expect("floats sum");
+                            }
+                        }
+                    }
+                    let acc: Vec<T> = acc.into_iter().map(T::narrow).collect();
+                    Some(Array::from_vec_on(table.ctx.rig(), tab.shape(), acc)?)
+                }
+                (Some(tab), _, _) => Some(Array::zeros_on(table.ctx.rig(), tab.shape())?),
+                _ => None,
+            };
+            Ok(vec![Some(table.with_local(gp, table.shape.clone(), local))])
+        }))
+    }
+
+    /// The mean cross-entropy of logits `self` `[…, c]` against class `labels` (`i64`, shape
+    /// `[…]`, placed as the logits' leading axes): `mean(logsumexp(z) − z[label])`, a scalar with
+    /// copies on every device. The class axis may be cut (a vocabulary-parallel head): each rank
+    /// reduces its classes, the maxima gathered and the sums and picked logits closed over the
+    /// mesh axes that cut it — small collectives of one value a row; the logits are never gathered.
+    ///
+    /// # Errors
+    /// Logits of rank 0 or partial; labels of another shape, placed otherwise, or outside `0..c`.
+    pub fn cross_entropy(&self, labels: &Tensor<'d, i64>) -> Result<Self> {
+        const FUNC: &str = "nx::autodiff::Var::cross_entropy";
+        let z = &self.value;
+        let r = z.shape.len();
+        if r == 0 || z.placement.is_partial() || labels.shape != z.shape[..r - 1] {
+            return Err(err(
+                FUNC,
+                format!("logits {:?} at {} and labels {:?}: needs closed logits [.., c] and labels [..]", z.shape, z.placement, labels.shape),
+            ));
+        }
+        let c = z.shape[r - 1];
+        let rows_p = rules::reduce(FUNC, &z.placement, &[r - 1])?.closed();
+        if !labels.placement.equal(&rows_p) {
+            return Err(err(FUNC, format!("labels at {} where the logits' rows lie at {rows_p}", labels.placement)));
+        }
+        let rows: usize = z.shape[..r - 1].iter().product();
+        // the maxima, closed across the class cut (stability only: no gradient)
+        let m = z.max(r - 1)?;
+        let ks = keep(&z.shape[..r - 1], r - 1);
+        let m_k = m.reshape(&ks)?;
+        let e = z.map(&[&m_k], false, |p, l| {
+            let d = p.sub(l[0], l[1]);
+            p.unary(nx_kernels::prog::UnOp::Exp, d)
+        })?;
+        let s = fit(e.sum(r - 1)?, &rows_p)?;
+        // the logit of each row's label, from the rank holding its class
+        let c0 = window_start(z, r - 1)?;
+        let picked_p = rules::reduce(FUNC, &z.placement, &[r - 1])?;
+        let picked_local = match (&z.local, &labels.local, picked_p.window(&labels.shape, z.ctx.index())?) {
+            (Some(zl), Some(ll), Some(w)) => {
+                let (zv, lv) = (zl.to_vec()?, ll.to_vec()?);
+                let cl = zl.shape()[r - 1];
+                let mut out = vec![T::default(); lv.len()];
+                for (k, &lab) in lv.iter().enumerate() {
+                    if lab < 0 || lab as usize >= c {
+                        return Err(err(FUNC, format!("label {lab} at position {k} of rank {}'s labels is outside 0..{c}", z.ctx.rank())));
+                    }
+                    let j = lab as usize;
+                    if (c0..c0 + cl).contains(&j) {
+                        out[k] = zv[k * cl + j - c0];
+                    }
+                }
+                Some(Array::from_vec_on(z.ctx.rig(), &window_shape(&w), out)?)
+            }
+            _ => None,
+        };
+        let picked = fit(z.with_local(picked_p, labels.shape.clone(), picked_local), &rows_p)?;
+        // per-row loss ln s + m − picked, then the mean
+        let lse = s.map(&[&m], false, |p, l| {
+            let ls = p.unary(nx_kernels::prog::UnOp::Log, l[0]);
+            p.add(ls, l[1])
+        })?;
+        let row_loss = lse.sub(&picked)?;
+        let mut total = row_loss.clone();
+        while !total.shape.is_empty() {
+            total = total.sum(total.shape.len() - 1)?;
+        }
+        let on = Placement::mesh(z.placement.mesh_of(), &[])?;
+        let loss = fit(total, &on)?.scale(1.0 / rows.max(1) as f64)?;
+        let (zc, lab, lse_k) = (z.clone(), labels.clone(), lse.reshape(&ks)?);
+        Ok(self.tape.record(loss, &[self], move |g| {
+            // d/dz = (softmax(z) − onehot(label)) · g / rows, on each rank's classes
+            let g = fit(g, &on)?;
+            let gs = g.to_local().map(|a| a.to_vec()).transpose()?.map(|v| v[0]).unwrap_or_default();
+            let k = to_f64(gs) / rows.max(1) as f64;
+            let soft = zc.map(&[&lse_k], false, |p, l| {
+                let d = p.sub(l[0], l[1]);
+                p.unary(nx_kernels::prog::UnOp::Exp, d)
+            })?;
+            let local = match (&soft.local, &lab.local) {
+                (Some(sl), Some(ll)) => {
+                    let (mut sv, lv) = (sl.to_vec()?, ll.to_vec()?);
+                    let cl = sl.shape()[r - 1];
+                    for (row, &l) in lv.iter().enumerate() {
+                        let j = l as usize;
+                        if (c0..c0 + cl).contains(&j) {
+                            let x = &mut sv[row * cl + j - c0];
+                            *x = crate::from_f64(to_f64(*x) - 1.0);
+                        }
+                    }
+                    for x in &mut sv {
+                        *x = crate::from_f64(to_f64(*x) * k);
+                    }
+                    Some(Array::from_vec_on(zc.ctx.rig(), sl.shape(), sv)?)
+                }
+                (Some(sl), None) => Some(sl.clone()),
+                _ => None,
+            };
+            Ok(vec![Some(zc.with_local(zc.placement.clone(), zc.shape.clone(), local))])
+        }))
+    }
+
+    /// Causal (or not) scaled dot-product attention of `self` (queries `[b, h, t, d]`) against
+    /// keys `k` and values `v` of that shape, heads possibly cut ([`Tensor::attention`], the
+    /// host kernel's online softmax). The backward recomputes the probabilities from `q` and `k`
+    /// on each rank's heads and contracts as the forward's transpose.
+    ///
+    /// # Errors
+    /// As [`Tensor::attention`]; shapes other than `[b, h, t, d]` of one shape.
+    pub fn attention(&self, k: &Var<'d, T>, v: &Var<'d, T>, causal: bool) -> Result<Self> {
+        const FUNC: &str = "nx::autodiff::Var::attention";
+        let (q, kk, vv) = (&self.value, &k.value, &v.value);
+        if q.shape.len() != 4 || kk.shape != q.shape || vv.shape != q.shape {
+            return Err(err(FUNC, format!("q {:?}, k {:?}, v {:?}: needs [b, h, t, d] alike", q.shape, kk.shape, vv.shape)));
+        }
+        let scale = 1.0 / (q.shape[3] as f64).sqrt();
+        let out = q.attention(kk, vv, causal, Some(scale))?;
+        let (q, kk, vv) = (q.clone(), kk.clone(), vv.clone());
+        let op = out.placement.clone();
+        Ok(self.tape.record(out, &[self, k, v], move |g| {
+            let g = fit(g, &op)?;
+            let t = q.shape[2];
+            let bh = vec![(0, 0), (1, 1)];
+            let qk = Contraction { batch: bh.clone(), contracting: vec![(3, 3)] };
+            let s = q.contract(&kk, &qk)?.scale(scale)?;
+            let s = if causal {
+                let mask = Tensor::<T>::from_fn(&q.ctx, &[t, t], &Placement::mesh(q.placement.mesh_of(), &[])?, |i| {
+                    crate::from_f64(if i[1] > i[0] { f64::NEG_INFINITY } else { 0.0 })
+                })?;
+                s.add(&mask)?
+            } else {
+                s
+            };
+            let p = s.softmax(3)?;
+            // dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(dP∘P)), dQ = dS·K·scale, dK = dSᵀ·Q·scale
+            let dv = p.contract(&g, &Contraction { batch: bh.clone(), contracting: vec![(2, 2)] })?;
+            let dp = g.contract(&vv, &Contraction { batch: bh.clone(), contracting: vec![(3, 3)] })?;
+            let rs = dp.mul(&p)?.sum(3)?.reshape(&[q.shape[0], q.shape[1], t, 1])?;
+            let ds = dp.map(&[&p, &rs], false, |pr, l| {
+                let d = pr.sub(l[0], l[2]);
+                pr.mul(l[1], d)
+            })?;
+            let ds = ds.map(&[], false, |pr, l| {
+                let z = pr.float(0.0);
+                let nan = pr.compare(CmpOp::Ne, l[0], l[0]);
+                pr.select(nan, z, l[0])
+            })?;
+            let dq = ds.contract(&kk, &Contraction { batch: bh.clone(), contracting: vec![(3, 2)] })?.scale(scale)?;
+            let dk = ds.contract(&q, &Contraction { batch: bh, contracting: vec![(2, 2)] })?.scale(scale)?;
+            Ok(vec![Some(dq), Some(dk), Some(dv)])
+        }))
+    }
+}

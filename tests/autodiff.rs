@@ -1,0 +1,244 @@
+//! Gradients through placements: every op at its placements, on meshes of 1–3 axes and 1–8
+//! devices with uneven extents, against the one-device gradient and against central finite
+//! differences of the one-device loss (in `f64`).
+
+use nx::autodiff::{Tape, Var};
+use nx::kernels::Contraction;
+use nx::{launch_with, normal, Ctx, LaunchOptions, Mesh, Placement, Result, Tensor};
+
+/// A case: builds its leaves through `mk` (each a normal sample of its seed) and answers a scalar
+/// loss.
+type Case = for<'d> fn(&Ctx<'d>, &Mesh<'d>, &mut Mk<'d>) -> Result<Var<'d, f64>>;
+
+/// Makes leaves, perturbing one element of one for finite differences.
+struct Mk<'d> {
+    tape: Tape<'d, f64>,
+    perturb: Option<(usize, usize, f64)>,
+    leaves: Vec<Var<'d, f64>>,
+    positive: bool,
+}
+
+impl<'d> Mk<'d> {
+    fn leaf(&mut self, ctx: &Ctx<'d>, shape: &[usize], p: &Placement<'d>, seed: u64) -> Result<Var<'d, f64>> {
+        let which = self.leaves.len();
+        let strides: Vec<usize> = (0..shape.len()).map(|i| shape[i + 1..].iter().product()).collect();
+        let (perturb, positive) = (self.perturb, self.positive);
+        let t = Tensor::<f64>::from_fn(ctx, shape, p, |i| {
+            let flat: usize = i.iter().zip(&strides).map(|(a, b)| a * b).sum();
+            let mut v = normal(seed, flat as u64);
+            if positive {
+                v = v.abs() + 0.5;
+            }
+            match perturb {
+                Some((l, e, d)) if l == which && e == flat => v + d,
+                _ => v,
+            }
+        })?;
+        let v = self.tape.leaf(t);
+        self.leaves.push(v.clone());
+        Ok(v)
+    }
+
+    fn constant<T: nx::collectives::Reducible>(&self, t: Tensor<'d, T>) -> Tensor<'d, T> {
+        t
+    }
+}
+
+/// `Σ out ∘ R` for a fixed random `R`, closed, as a scalar with copies.
+fn weighted<'d>(ctx: &Ctx<'d>, out: &Var<'d, f64>, seed: u64) -> Result<Var<'d, f64>> {
+    let o = if out.placement().is_partial() { out.place(&out.placement().closed())? } else { out.clone() };
+    let r = Tensor::<f64>::randn(ctx, o.shape(), o.placement(), seed)?;
+    let s = o.mul(&o.tape().constant(r))?.sum_all()?;
+    s.place(&Placement::mesh(out.placement().mesh_of(), &[])?)
+}
+
+/// Every leaf's gradient (whole) and the loss, on the mesh `axes`.
+fn run(axes: &[(&str, usize)], case: Case, perturb: Option<(usize, usize, f64)>, positive: bool) -> (f64, Vec<Vec<f64>>) {
+    let n: usize = axes.iter().map(|a| a.1).product();
+    let axes: Vec<(String, usize)> = axes.iter().map(|(a, k)| (a.to_string(), *k)).collect();
+    let out = launch_with(&LaunchOptions { devices: Some(n), ..Default::default() }, |ctx| {
+        let named: Vec<(&str, usize)> = axes.iter().map(|(a, k)| (a.as_str(), *k)).collect();
+        let mesh = ctx.mesh(&named)?;
+        let mut mk = Mk { tape: Tape::new(), perturb, leaves: Vec::new(), positive };
+        let loss = case(ctx, &mesh, &mut mk)?;
+        let l = loss.value().full()?.to_vec()?[0];
+        let grads = mk.tape.backward(&loss)?;
+        let gs = mk
+            .leaves
+            .iter()
+            .map(|v| match grads.of(v) {
+                Some(g) => g.full()?.to_vec().map_err(Into::into),
+                None => Ok(vec![0.0; v.shape().iter().product()]),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((l, gs))
+    })
+    .unwrap();
+    for o in &out[1..] {
+        assert_eq!(o.1.len(), out[0].1.len());
+    }
+    out.into_iter().next().unwrap()
+}
+
+/// Checks `case`'s gradients on each mesh against one device, and one device's against finite
+/// differences.
+fn check(case: Case, meshes: &[&[(&str, usize)]], positive: bool) {
+    let one: Vec<(&str, usize)> = meshes[0].iter().map(|a| (a.0, 1)).collect();
+    let (loss, reference) = run(&one, case, None, positive);
+    // finite differences on one device
+    let h = 1e-5;
+    for (l, g) in reference.iter().enumerate() {
+        for (e, &ge) in g.iter().enumerate() {
+            let up = run(&one, case, Some((l, e, h)), positive).0;
+            let down = run(&one, case, Some((l, e, -h)), positive).0;
+            let fd = (up - down) / (2.0 * h);
+            assert!((fd - ge).abs() <= 1e-5 * (1.0 + fd.abs()), "leaf {l} element {e}: backward {ge}, finite differences {fd}");
+        }
+    }
+    for m in meshes {
+        let (l, gs) = run(m, case, None, positive);
+        assert!((l - loss).abs() <= 1e-10 * (1.0 + loss.abs()), "{m:?}: loss {l} vs one device {loss}");
+        for (i, (a, b)) in gs.iter().zip(&reference).enumerate() {
+            for (k, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!((x - y).abs() <= 1e-10 * (1.0 + y.abs()), "{m:?}: leaf {i} element {k}: {x} vs one device {y}");
+            }
+        }
+    }
+}
+
+const TWO: &[&[(&str, usize)]] = &[&[("a", 1), ("b", 1)], &[("a", 2), ("b", 1)], &[("a", 2), ("b", 2)], &[("a", 1), ("b", 3)], &[("a", 2), ("b", 3)]];
+const THREE: &[&[(&str, usize)]] = &[&[("a", 2), ("b", 2), ("c", 2)], &[("a", 1), ("b", 2), ("c", 3)]];
+
+#[test]
+fn column_and_row_parallel_matmul() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let x = mk.leaf(ctx, &[5, 7], &Placement::mesh(m, &[(0, &["a"])])?, 1)?;
+        let w1 = mk.leaf(ctx, &[7, 5], &Placement::mesh(m, &[(1, &["b"])])?, 2)?;
+        let w2 = mk.leaf(ctx, &[5, 3], &Placement::mesh(m, &[(0, &["b"])])?, 3)?;
+        let h = x.matmul(&w1)?.tanh()?;
+        let y = h.matmul(&w2)?; // a sum over b
+        weighted(ctx, &y, 9)
+    }
+    check(case, TWO, false);
+}
+
+#[test]
+fn contractions_of_rank_three_and_batched() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let x = mk.leaf(ctx, &[3, 2, 5], &Placement::mesh(m, &[(0, &["a"])])?, 1)?;
+        let w = mk.leaf(ctx, &[5, 4], &Placement::mesh(m, &[(1, &["b"])])?, 2)?;
+        let y = x.contract(&w, &Contraction { batch: vec![], contracting: vec![(2, 0)] })?; // [3, 2, 4]
+        let q = mk.leaf(ctx, &[3, 4, 2, 3], &Placement::mesh(m, &[(1, &["b"])])?, 3)?;
+        let k = mk.leaf(ctx, &[3, 4, 3, 3], &Placement::mesh(m, &[(1, &["b"])])?, 4)?;
+        let s = q.contract(&k, &Contraction { batch: vec![(0, 0), (1, 1)], contracting: vec![(3, 2)] })?; // [3,4,2,3]
+        let a = weighted(ctx, &y, 7)?;
+        let b = weighted(ctx, &s, 8)?;
+        a.add(&b)
+    }
+    check(case, TWO, false);
+}
+
+#[test]
+fn broadcasts_and_pointwise_functions() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let p = Placement::mesh(m, &[(0, &["a"]), (1, &["b"])])?;
+        let x = mk.leaf(ctx, &[5, 4], &p, 1)?;
+        let bias = mk.leaf(ctx, &[4], &Placement::mesh(m, &[(0, &["b"])])?, 2)?;
+        let row = mk.leaf(ctx, &[1, 4], &Placement::mesh(m, &[(1, &["b"])])?, 3)?;
+        let y = x.add(&bias)?.gelu()?.mul(&row)?.silu()?;
+        let z = y.exp()?.add_scalar(1.0)?.log()?.sub(&bias)?.scale(0.5)?;
+        let d = z.div(&row.square()?.add_scalar(1.0)?.rsqrt()?)?;
+        let r = x.relu()?.add(&x.tanh()?)?;
+        weighted(ctx, &d.add(&r)?, 5)
+    }
+    check(case, TWO, false);
+}
+
+#[test]
+fn sums_means_and_maxima_over_cut_axes() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let x = mk.leaf(ctx, &[7, 5], &Placement::mesh(m, &[(0, &["a"]), (1, &["b"])])?, 1)?;
+        let s = x.sum(0)?; // a sum over a
+        let mu = x.mean(1)?; // over b
+        let mx = x.max(1)?; // maxima gathered over b
+        let mx0 = x.max(0)?;
+        let t = weighted(ctx, &s, 2)?.add(&weighted(ctx, &mu, 3)?)?;
+        t.add(&weighted(ctx, &mx, 4)?)?.add(&weighted(ctx, &mx0, 5)?)
+    }
+    check(case, TWO, false);
+}
+
+#[test]
+fn reshape_permute_narrow_concat() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        // [b, t, c] with c cut over b: heads cut as the columns (b divides the 6 heads)
+        let x = mk.leaf(ctx, &[3, 2, 12], &Placement::mesh(m, &[(0, &["a"]), (2, &["b"])])?, 1)?;
+        let h = x.reshape(&[3, 2, 6, 2])?.permute(&[0, 2, 1, 3])?; // [b, h, t, d]
+        let y = h.tanh()?.permute(&[0, 2, 1, 3])?.reshape(&[3, 2, 12])?;
+        let n = x.place(&Placement::mesh(m, &[(0, &["a"])])?)?.narrow(2, 1, 4)?;
+        let c = n.concat(&[&n.scale(2.0)?], 1)?;
+        weighted(ctx, &y, 2)?.add(&weighted(ctx, &c, 3)?)
+    }
+    check(case, TWO, false);
+}
+
+#[test]
+fn softmax_layer_norm_and_rms_norm() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let rows = Placement::mesh(m, &[(0, &["a"])])?;
+        let x = mk.leaf(ctx, &[5, 6], &rows, 1)?;
+        let g = mk.leaf(ctx, &[6], &Placement::mesh(m, &[])?, 2)?;
+        let b = mk.leaf(ctx, &[6], &Placement::mesh(m, &[])?, 3)?;
+        let y = x.layer_norm(&g, &b, 1e-5)?;
+        let z = x.rms_norm(&g, 1e-6)?.softmax(1)?;
+        let w = x.log_softmax(1)?;
+        weighted(ctx, &y, 4)?.add(&weighted(ctx, &z, 5)?)?.add(&weighted(ctx, &w, 6)?)
+    }
+    check(case, TWO, false);
+}
+
+#[test]
+fn embeddings_replicated_and_vocabulary_parallel_with_cross_entropy() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let ids_p = Placement::mesh(m, &[(0, &["a"])])?;
+        let ids = mk.constant(Tensor::<i64>::from_fn(ctx, &[5, 3], &ids_p, |i| ((i[0] * 5 + i[1] * 3) % 7) as i64)?);
+        let table = mk.leaf(ctx, &[7, 4], &Placement::mesh(m, &[])?, 1)?;
+        let vocab = mk.leaf(ctx, &[7, 4], &Placement::mesh(m, &[(0, &["b"])])?, 2)?;
+        let e1 = table.embedding(&ids)?; // [5, 3, 4] cut over a
+        let e2 = vocab.embedding(&ids)?.place(&Placement::mesh(m, &[(0, &["a"])])?)?; // a sum over b, closed
+        let h = e1.add(&e2)?;
+        // a head cut over b: logits [5, 3, 7] with classes over b
+        let w = mk.leaf(ctx, &[4, 7], &Placement::mesh(m, &[(1, &["b"])])?, 3)?;
+        let logits = h.contract(&w, &Contraction { batch: vec![], contracting: vec![(2, 0)] })?;
+        let labels = Tensor::<i64>::from_fn(ctx, &[5, 3], &ids_p, |i| ((i[0] + 2 * i[1]) % 7) as i64)?;
+        logits.cross_entropy(&labels)
+    }
+    check(case, TWO, false);
+}
+
+#[test]
+fn attention_with_heads_cut() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let p = Placement::mesh(m, &[(0, &["a"]), (1, &["b"])])?;
+        let q = mk.leaf(ctx, &[2, 3, 4, 2], &p, 1)?;
+        let k = mk.leaf(ctx, &[2, 3, 4, 2], &p, 2)?;
+        let v = mk.leaf(ctx, &[2, 3, 4, 2], &p, 3)?;
+        let o = q.attention(&k, &v, true)?;
+        let o2 = q.attention(&k, &v, false)?;
+        weighted(ctx, &o, 4)?.add(&weighted(ctx, &o2, 5)?)
+    }
+    check(case, TWO, false);
+}
+
+#[test]
+fn transitions_on_three_axes() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let x = mk.leaf(ctx, &[5, 3, 4], &Placement::mesh(m, &[(0, &["a"]), (2, &["c"])])?, 1)?;
+        let y = x.place(&Placement::mesh(m, &[(1, &["a", "b"])])?)?.tanh()?; // all-to-all
+        let z = y.place(&Placement::partial(m, &["c"], &[(1, &["a", "b"])])?)?; // zero fill into a sum
+        let w = z.scale(3.0)?.place(&Placement::mesh(m, &[(0, &["c"])])?)?; // closed again
+        let u = w.place(&Placement::mesh(m, &[])?)?.exp()?; // all-gather
+        weighted(ctx, &u, 2)?.add(&weighted(ctx, &z, 3)?)
+    }
+    check(case, THREE, false);
+}
