@@ -39,6 +39,9 @@ pub struct LaunchOptions {
     pub queued: Option<QueueOptions>,
     /// The most bytes each device's buffers may hold (default: the system's).
     pub memory_limit: Option<usize>,
+    /// Run on a simulated mesh of this process even under `mpirun` or `nx run` (a one-device
+    /// reference beside a distributed run).
+    pub local: bool,
 }
 
 /// The communicator a rank was launched with.
@@ -324,10 +327,10 @@ where
 {
     let checked = opts.checked.unwrap_or(cfg!(debug_assertions));
     let timeout = opts.timeout.unwrap_or(Duration::from_secs(300));
-    if nx_collectives::mpi::under_mpirun() {
+    if nx_collectives::mpi::under_mpirun() && !opts.local {
         return launch_mpi(checked, timeout, opts, body);
     }
-    if let Ok(rank) = std::env::var("NX_RANK") {
+    if let (Ok(rank), false) = (std::env::var("NX_RANK"), opts.local) {
         return Err(Error::Invalid {
             func: "nx::launch",
             why: format!(

@@ -25,6 +25,8 @@
 
 pub mod autodiff;
 mod launch;
+pub mod nn;
+pub mod optim;
 mod ops;
 mod shape;
 pub mod store;

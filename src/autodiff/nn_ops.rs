@@ -190,8 +190,9 @@ impl<'d, T: Reducible> Var<'d, T> {
     }
 
     /// The mean cross-entropy of logits `self` `[…, c]` against class `labels` (`i64`, shape
-    /// `[…]`, placed as the logits' leading axes): `mean(logsumexp(z) − z[label])`, a scalar with
-    /// copies on every device. The class axis may be cut (a vocabulary-parallel head): each rank
+    /// `[…]`, placed as the logits' leading axes): `mean(logsumexp(z) − z[label])` over the rows
+    /// whose label is not negative (a negative label is ignored, as `torch`'s `ignore_index`), a
+    /// scalar with copies on every device (0 where every label is ignored). The class axis may be cut (a vocabulary-parallel head): each rank
     /// reduces its classes, the maxima gathered and the sums and picked logits closed over the
     /// mesh axes that cut it — small collectives of one value a row; the logits are never gathered.
     ///
@@ -212,7 +213,6 @@ impl<'d, T: Reducible> Var<'d, T> {
         if !labels.placement.equal(&rows_p) {
             return Err(err(FUNC, format!("labels at {} where the logits' rows lie at {rows_p}", labels.placement)));
         }
-        let rows: usize = z.shape[..r - 1].iter().product();
         // the maxima, closed across the class cut (stability only: no gradient)
         let m = z.max(r - 1)?;
         let ks = keep(&z.shape[..r - 1], r - 1);
@@ -231,7 +231,10 @@ impl<'d, T: Reducible> Var<'d, T> {
                 let cl = zl.shape()[r - 1];
                 let mut out = vec![T::default(); lv.len()];
                 for (k, &lab) in lv.iter().enumerate() {
-                    if lab < 0 || lab as usize >= c {
+                    if lab < 0 {
+                        continue;
+                    }
+                    if lab as usize >= c {
                         return Err(err(FUNC, format!("label {lab} at position {k} of rank {}'s labels is outside 0..{c}", z.ctx.rank())));
                     }
                     let j = lab as usize;
@@ -249,19 +252,38 @@ impl<'d, T: Reducible> Var<'d, T> {
             let ls = p.unary(nx_kernels::prog::UnOp::Log, l[0]);
             p.add(ls, l[1])
         })?;
-        let row_loss = lse.sub(&picked)?;
-        let mut total = row_loss.clone();
-        while !total.shape.is_empty() {
-            total = total.sum(total.shape.len() - 1)?;
-        }
+        let valid = Tensor::<T>::from_local(
+            &z.ctx,
+            &labels.shape,
+            &rows_p,
+            match &labels.local {
+                Some(ll) => Some(Array::from_vec_on(
+                    z.ctx.rig(),
+                    ll.shape(),
+                    ll.to_vec()?.iter().map(|&l| crate::from_f64(if l < 0 { 0.0 } else { 1.0 })).collect(),
+                )?),
+                None => None,
+            },
+        )?;
+        let row_loss = lse.sub(&picked)?.mul(&valid)?;
         let on = Placement::mesh(z.placement.mesh_of(), &[])?;
-        let loss = fit(total, &on)?.scale(1.0 / rows.max(1) as f64)?;
+        let all = |t: Tensor<'d, T>| -> Result<Tensor<'d, T>> {
+            let mut t = t;
+            while !t.shape.is_empty() {
+                t = t.sum(t.shape.len() - 1)?;
+            }
+            fit(t, &on)
+        };
+        let count = all(valid)?;
+        let count = count.to_local().map(|a| a.to_vec()).transpose()?.map(|v| to_f64(v[0])).unwrap_or(0.0);
+        let rows = count.max(1.0);
+        let loss = all(row_loss)?.scale(1.0 / rows)?;
         let (zc, lab, lse_k) = (z.clone(), labels.clone(), lse.reshape(&ks)?);
         Ok(self.tape.record(loss, &[self], move |g| {
             // d/dz = (softmax(z) − onehot(label)) · g / rows, on each rank's classes
             let g = fit(g, &on)?;
             let gs = g.to_local().map(|a| a.to_vec()).transpose()?.map(|v| v[0]).unwrap_or_default();
-            let k = to_f64(gs) / rows.max(1) as f64;
+            let k = to_f64(gs) / rows;
             let soft = zc.map(&[&lse_k], false, |p, l| {
                 let d = p.sub(l[0], l[1]);
                 p.unary(nx_kernels::prog::UnOp::Exp, d)
@@ -271,6 +293,10 @@ impl<'d, T: Reducible> Var<'d, T> {
                     let (mut sv, lv) = (sl.to_vec()?, ll.to_vec()?);
                     let cl = sl.shape()[r - 1];
                     for (row, &l) in lv.iter().enumerate() {
+                        if l < 0 {
+                            sv[row * cl..(row + 1) * cl].fill(T::default());
+                            continue;
+                        }
                         let j = l as usize;
                         if (c0..c0 + cl).contains(&j) {
                             let x = &mut sv[row * cl + j - c0];

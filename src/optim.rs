@@ -1,0 +1,269 @@
+//! Optimizers over placed parameters: [`Sgd`] (momentum), [`AdamW`] (decoupled weight decay),
+//! both with global-norm clipping across shards and an optional ZeRO-1 mode; [`warmup_cosine`].
+//!
+//! A step closes each gradient at its parameter's placement (an all-reduce over `dp` for a
+//! weight whose gradient is a sum over it) and keeps each parameter's state (momentum, moments)
+//! placed as the parameter. In ZeRO-1 mode ([`Zero`]) the state and the update are cut over the
+//! data-parallel axis as well: the gradient is reduce-scattered to the shard, the shard updated,
+//! and the parameter all-gathered back — the same arithmetic on each element, so the same
+//! parameters as plain data parallelism.
+//!
+//! The gradient's global 2-norm is that of the closed gradients, each rank summing the squares
+//! of its window and the sums closed over the mesh axes that cut them, so every rank clips by the
+//! same factor.
+
+use std::collections::HashMap;
+
+use nx_collectives::Reducible;
+use nx_placement::rules;
+
+use crate::autodiff::Grads;
+use crate::nn::Params;
+use crate::tensor::err;
+use crate::{Placement, Result, Tensor};
+
+/// ZeRO-1: optimizer state and updates cut over the mesh axis `axis` (`dp`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Zero {
+    /// The data-parallel mesh axis.
+    pub axis: String,
+}
+
+/// The placement of a parameter's state under ZeRO over `axis`: its placement with `axis`
+/// added to the cut of its first axis the placement leaves whole (else to its first axis's cut).
+///
+/// # Errors
+/// A placement over a mesh without `axis`; a scalar parameter.
+pub fn shard<'d>(p: &Placement<'d>, shape: &[usize], axis: &str) -> Result<Placement<'d>> {
+    const FUNC: &str = "nx::optim::shard";
+    p.mesh_of().axis(axis)?;
+    if shape.is_empty() {
+        return Err(err(FUNC, format!("a scalar at {p} has no axis to cut over {axis}")));
+    }
+    let mut pp = rules::parts(FUNC, p)?;
+    if pp.cuts.iter().any(|c| c.1.iter().any(|n| n == axis)) {
+        return Ok(p.clone());
+    }
+    match (0..shape.len()).find(|&a| pp.cut_of(a).is_empty() && shape[a] > 1) {
+        Some(a) => pp.cuts.push((a, vec![axis.to_string()])),
+        None => match pp.cuts.iter_mut().find(|c| c.0 == 0) {
+            Some(c) => c.1.push(axis.to_string()),
+            None => pp.cuts.push((0, vec![axis.to_string()])),
+        },
+    }
+    pp.cuts.sort();
+    Ok(rules::rebuild(p, &pp)?)
+}
+
+/// Where a parameter's update runs: its placement, or its ZeRO shard.
+fn target<'d>(zero: &Option<Zero>, t: &Tensor<'d, impl Reducible>) -> Result<Placement<'d>> {
+    match zero {
+        Some(z) => shard(t.placement(), t.shape(), &z.axis),
+        None => Ok(t.placement().clone()),
+    }
+}
+
+/// The gradients of `params` closed at their update placements, and their global 2-norm.
+fn closed<'d, T: Reducible>(
+    params: &Params<'d, T>,
+    grads: &Grads<'d, T>,
+    zero: &Option<Zero>,
+) -> Result<(Vec<(String, Tensor<'d, T>)>, f64)> {
+    let mut out = Vec::new();
+    let mut sq = 0.0;
+    for (name, w) in params.iter() {
+        let Some(g) = grads.named(name) else { continue };
+        let at = target(zero, w)?;
+        let g = if g.placement().equal(&at) { g.clone() } else { g.place(&at)? };
+        let mut s = g.mul(&g)?;
+        while !s.shape().is_empty() {
+            s = s.sum(s.shape().len() - 1)?;
+        }
+        let s = s.place(&Placement::mesh(at.mesh_of(), &[])?)?;
+        sq += s.full()?.to_vec()?[0].to_value().as_f64_lossy();
+        out.push((name.to_string(), g));
+    }
+    Ok((out, sq.sqrt()))
+}
+
+trait Lossy {
+    fn as_f64_lossy(&self) -> f64;
+}
+
+impl Lossy for nx_kernels::Value {
+    fn as_f64_lossy(&self) -> f64 {
+        match *self {
+            nx_kernels::Value::Float(v) => v,
+            nx_kernels::Value::Int(i) => i as f64,
+            nx_kernels::Value::Bool(b) => f64::from(u8::from(b)),
+            nx_kernels::Value::Complex(c) => c.re,
+        }
+    }
+}
+
+/// The factor clipping a gradient of norm `norm` to at most `max` (1 where it is within).
+fn clip_factor(norm: f64, max: Option<f64>) -> f64 {
+    match max {
+        Some(m) if norm > m => m / (norm + 1e-6),
+        _ => 1.0,
+    }
+}
+
+/// AdamW (Loshchilov & Hutter): Adam's moments with bias correction and weight decay applied to
+/// the parameter directly, `w ← w − lr·(m̂/(√v̂ + eps) + wd·w)`, decay on parameters of rank ≥ 2
+/// (weights and tables, not biases or norms), as GPT-2's training does.
+#[derive(Debug)]
+pub struct AdamW<'d, T: Reducible> {
+    /// β₁.
+    pub beta1: f64,
+    /// β₂.
+    pub beta2: f64,
+    /// ε.
+    pub eps: f64,
+    /// The decoupled weight decay.
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this, if set.
+    pub clip: Option<f64>,
+    /// ZeRO-1, if set.
+    pub zero: Option<Zero>,
+    steps: u64,
+    state: HashMap<String, (Tensor<'d, T>, Tensor<'d, T>)>,
+}
+
+impl<'d, T: Reducible> AdamW<'d, T> {
+    /// β = (0.9, 0.95), ε = 1e-8, decay 0.1, clipping at 1, no ZeRO.
+    pub fn new() -> Self {
+        AdamW { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: Some(1.0), zero: None, steps: 0, state: HashMap::new() }
+    }
+
+    /// One update of `params` by `grads` at learning rate `lr`; answers the gradient's global
+    /// norm before clipping.
+    ///
+    /// # Errors
+    /// A ZeRO axis the mesh lacks; the collectives' errors.
+    pub fn step(&mut self, params: &mut Params<'d, T>, grads: &Grads<'d, T>, lr: f64) -> Result<f64> {
+        let (gs, norm) = closed(params, grads, &self.zero)?;
+        let f = clip_factor(norm, self.clip);
+        self.steps += 1;
+        let t = self.steps as i32;
+        let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        for (name, g) in gs {
+            let w = params.get(&name).expect("a gradient's parameter").clone();
+            let at = g.placement().clone();
+            let ws = if w.placement().equal(&at) { w.clone() } else { w.place(&at)? };
+            let (m, v) = match self.state.remove(&name) {
+                Some(s) => s,
+                None => (Tensor::zeros(&w.ctx, w.shape(), &at)?, Tensor::zeros(&w.ctx, w.shape(), &at)?),
+            };
+            let m = m.map(&[&g], false, |p, l| {
+                let (a, b) = (p.float(b1), p.float((1.0 - b1) * f));
+                let x = p.mul(a, l[0]);
+                let y = p.mul(b, l[1]);
+                p.add(x, y)
+            })?;
+            let v = v.map(&[&g], false, |p, l| {
+                let (a, b, ff) = (p.float(b2), p.float(1.0 - b2), p.float(f));
+                let x = p.mul(a, l[0]);
+                let gg = p.mul(l[1], ff);
+                let g2 = p.mul(gg, gg);
+                let y = p.mul(b, g2);
+                p.add(x, y)
+            })?;
+            let wd = if w.shape().len() >= 2 { self.weight_decay } else { 0.0 };
+            let nw = ws.map(&[&m, &v], false, |p, l| {
+                let (k1, k2, e, lrv, d) = (p.float(1.0 / c1), p.float(1.0 / c2), p.float(eps), p.float(lr), p.float(wd));
+                let mh = p.mul(l[1], k1);
+                let vh = p.mul(l[2], k2);
+                let s = p.unary(nx_kernels::prog::UnOp::Sqrt, vh);
+                let s = p.add(s, e);
+                let u = p.div(mh, s);
+                let dw = p.mul(d, l[0]);
+                let u = p.add(u, dw);
+                let step = p.mul(lrv, u);
+                p.sub(l[0], step)
+            })?;
+            let nw = if nw.placement().equal(w.placement()) { nw } else { nw.place(w.placement())? };
+            params.set(&name, nw)?;
+            self.state.insert(name, (m, v));
+        }
+        Ok(norm)
+    }
+
+    /// The state of `name` (first and second moments), placed as it is kept, or `None`.
+    pub fn state(&self, name: &str) -> Option<&(Tensor<'d, T>, Tensor<'d, T>)> {
+        self.state.get(name)
+    }
+}
+
+impl<T: Reducible> Default for AdamW<'_, T> {
+    fn default() -> Self {
+        AdamW::new()
+    }
+}
+
+/// SGD with momentum `μ` (`torch`'s form: `b ← μ·b + g`, `w ← w − lr·b`), clipping and ZeRO as
+/// [`AdamW`].
+#[derive(Debug)]
+pub struct Sgd<'d, T: Reducible> {
+    /// μ.
+    pub momentum: f64,
+    /// Clip the global gradient norm to this, if set.
+    pub clip: Option<f64>,
+    /// ZeRO-1, if set.
+    pub zero: Option<Zero>,
+    state: HashMap<String, Tensor<'d, T>>,
+}
+
+impl<'d, T: Reducible> Sgd<'d, T> {
+    /// Momentum `momentum`, no clipping, no ZeRO.
+    pub fn new(momentum: f64) -> Self {
+        Sgd { momentum, clip: None, zero: None, state: HashMap::new() }
+    }
+
+    /// One update; answers the gradient's global norm before clipping.
+    ///
+    /// # Errors
+    /// As [`AdamW::step`].
+    pub fn step(&mut self, params: &mut Params<'d, T>, grads: &Grads<'d, T>, lr: f64) -> Result<f64> {
+        let (gs, norm) = closed(params, grads, &self.zero)?;
+        let f = clip_factor(norm, self.clip);
+        let mu = self.momentum;
+        for (name, g) in gs {
+            let w = params.get(&name).expect("a gradient's parameter").clone();
+            let at = g.placement().clone();
+            let ws = if w.placement().equal(&at) { w.clone() } else { w.place(&at)? };
+            let b = match self.state.remove(&name) {
+                Some(b) => b.map(&[&g], false, |p, l| {
+                    let (m, ff) = (p.float(mu), p.float(f));
+                    let x = p.mul(m, l[0]);
+                    let y = p.mul(ff, l[1]);
+                    p.add(x, y)
+                })?,
+                None => g.scale(f)?,
+            };
+            let nw = ws.map(&[&b], false, |p, l| {
+                let k = p.float(lr);
+                let s = p.mul(k, l[1]);
+                p.sub(l[0], s)
+            })?;
+            let nw = if nw.placement().equal(w.placement()) { nw } else { nw.place(w.placement())? };
+            params.set(&name, nw)?;
+            self.state.insert(name, b);
+        }
+        Ok(norm)
+    }
+}
+
+/// The learning rate at `step`: linear warmup from 0 to `peak` over `warmup` steps, then a
+/// cosine decay to `floor` at `total` (and `floor` after).
+pub fn warmup_cosine(step: usize, warmup: usize, total: usize, peak: f64, floor: f64) -> f64 {
+    if step < warmup {
+        return peak * (step + 1) as f64 / warmup as f64;
+    }
+    if step >= total {
+        return floor;
+    }
+    let p = (step - warmup) as f64 / (total - warmup).max(1) as f64;
+    floor + 0.5 * (peak - floor) * (1.0 + (std::f64::consts::PI * p).cos())
+}

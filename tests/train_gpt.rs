@@ -1,0 +1,47 @@
+//! `train_gpt`'s training on meshes of 1–8 devices (with and without ZeRO-1) against its
+//! one-device run: per-step losses and final parameters.
+
+#[path = "../examples/common/gpt_task.rs"]
+mod gpt_task;
+
+use gpt_task::{Config, Outcome};
+use nx::{launch_with, LaunchOptions};
+
+fn small(dp: usize, tp: usize, zero: bool) -> Config {
+    Config { dp, tp, zero, steps: 6, layers: 2, heads: 4, width: 16, batch: 7, eval: 10, verbose: false, ..Config::default() }
+}
+
+fn run(cfg: &Config) -> Outcome {
+    let opts = LaunchOptions { devices: Some(cfg.dp * cfg.tp), ..Default::default() };
+    launch_with(&opts, |ctx| gpt_task::train(ctx, cfg)).unwrap().remove(0)
+}
+
+fn compare(a: &Outcome, b: &Outcome, tol: f64, what: &str) {
+    for (i, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
+        assert!((x - y).abs() <= tol * y.abs(), "{what}: step {i}: loss {x} vs one device {y}; all {:?} vs {:?}", a.losses, b.losses);
+    }
+    for ((n, p), (_, q)) in a.params.iter().zip(&b.params) {
+        let worst = p.iter().zip(q).map(|(x, y)| (x - y).abs() / (y.abs() + 1e-2)).fold(0.0f32, f32::max);
+        assert!(f64::from(worst) <= 100.0 * tol, "{what}: parameter {n} differs by {worst} relative");
+    }
+}
+
+#[test]
+fn five_meshes_match_one_device() {
+    let one = run(&small(1, 1, false));
+    assert!(one.losses.iter().all(|l| l.is_finite()));
+    assert!(one.losses.last() < one.losses.first(), "the loss falls: {:?}", one.losses);
+    for (dp, tp) in [(2, 1), (1, 2), (2, 2), (3, 1), (2, 4)] {
+        let out = run(&small(dp, tp, false));
+        compare(&out, &one, 1e-4, &format!("dp={dp},tp={tp}"));
+    }
+}
+
+#[test]
+fn zero_one_matches_plain_data_parallelism() {
+    for (dp, tp) in [(2, 1), (2, 2), (3, 1)] {
+        let plain = run(&small(dp, tp, false));
+        let zero = run(&small(dp, tp, true));
+        compare(&zero, &plain, 1e-6, &format!("ZeRO-1 over dp={dp},tp={tp}"));
+    }
+}
