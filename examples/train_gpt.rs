@@ -103,6 +103,11 @@ fn main() -> ExitCode {
     let Some((_, out)) = runs.into_iter().find(|(r, _)| *r == 0) else { return ExitCode::SUCCESS };
     let last = |o: &gpt_task::Outcome| o.losses.last().copied().unwrap_or(f64::NAN);
     println!("trained at {:.0} tokens/s", out.tokens_per_s);
+    // FNV-1a of the final parameters' bits: equal across backends (the same sums in the same order)
+    let sum = out.params.iter().flat_map(|(_, v)| v).fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ u64::from(x.to_bits())).wrapping_mul(0x0100_0000_01b3)
+    });
+    println!("parameters checksum: {sum:016x}");
     if !with_reference {
         println!("final loss: {:.6}", last(&out));
         println!("held-out accuracy: {:.1}%", 100.0 * out.accuracy);

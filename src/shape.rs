@@ -122,6 +122,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         for d in 0..placement.devices().len() {
             let (mine, target) = (self.placement.window(&self.shape, d)?, placement.window(shape, d)?);
             let ok = match (&mine, &target) {
+                (_, Some(t)) if t.iter().any(|x| x.is_empty()) => true,
                 (Some(m), Some(t)) => (0..r).all(|i| {
                     let ti = &t[shape.len() - r + i];
                     if self.shape[i] == 1 && shape[shape.len() - r + i] != 1 {
@@ -144,6 +145,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             }
         }
         let local = match (placement.window(shape, self.ctx.index())?, &self.local) {
+            (Some(w), _) if w.iter().any(|x| x.is_empty()) => Some(Array::<T>::uninit_on(self.ctx.rig(), &window_shape(&w))?),
             (Some(w), Some(a)) => {
                 let ws = window_shape(&w);
                 let dst = Array::<T>::uninit_on(self.ctx.rig(), &ws)?;

@@ -280,6 +280,12 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok(self.place(&one)?.local)
     }
 
+    /// The same windows under `p`, which the caller knows to be [`Placement::equal`] to this
+    /// placement (another spelling of the same layout).
+    pub(crate) fn relabel(self, p: Placement<'d>) -> Self {
+        Tensor { placement: p, ..self }
+    }
+
     pub(crate) fn with_local(&self, placement: Placement<'d>, shape: Vec<usize>, local: Option<Array<T>>) -> Self {
         Tensor { ctx: self.ctx.clone(), shape, placement, local }
     }
@@ -352,8 +358,8 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                         match (mine, theirs) {
                             (Ok(Some(m)), Ok(Some(t))) => {
                                 let lead = m.len() - t.len();
-                                t.iter().enumerate().all(|(i, r)| {
-                                    if o.shape[i] == 1 {
+                                m.iter().any(|x| x.is_empty()) || t.iter().enumerate().all(|(i, r)| {
+                                    if o.shape[i] == 1 && self.shape[lead + i] != 1 {
                                         *r == (0..1)
                                     } else {
                                         *r == m[lead + i] && o.shape[i] == self.shape[lead + i]

@@ -52,8 +52,23 @@ fn weighted<'d>(ctx: &Ctx<'d>, out: &Var<'d, f64>, seed: u64) -> Result<Var<'d, 
     s.place(&Placement::mesh(out.placement().mesh_of(), &[])?)
 }
 
+/// `f` as a program over any brand.
+fn body<F>(f: F) -> F
+where
+    F: for<'d> Fn(&Ctx<'d>, &Mesh<'d>, &mut Mk<'d>) -> Result<Var<'d, f64>> + Sync,
+{
+    f
+}
+
 /// Every leaf's gradient (whole) and the loss, on the mesh `axes`.
 fn run(axes: &[(&str, usize)], case: Case, perturb: Option<(usize, usize, f64)>, positive: bool) -> (f64, Vec<Vec<f64>>) {
+    run_body(axes, &case, perturb, positive)
+}
+
+fn run_body<F>(axes: &[(&str, usize)], case: &F, perturb: Option<(usize, usize, f64)>, positive: bool) -> (f64, Vec<Vec<f64>>)
+where
+    F: for<'d> Fn(&Ctx<'d>, &Mesh<'d>, &mut Mk<'d>) -> Result<Var<'d, f64>> + Sync,
+{
     let n: usize = axes.iter().map(|a| a.1).product();
     let axes: Vec<(String, usize)> = axes.iter().map(|(a, k)| (a.to_string(), *k)).collect();
     let out = launch_with(&LaunchOptions { devices: Some(n), ..Default::default() }, |ctx| {
@@ -241,4 +256,158 @@ fn transitions_on_three_axes() {
         weighted(ctx, &u, 2)?.add(&weighted(ctx, &z, 3)?)
     }
     check(case, THREE, false);
+}
+
+/// A random program's op: what it does to the running value `v` `[m, n]`.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Tanh,
+    Scale,
+    /// `v + w` for a fresh leaf at `v`'s placement.
+    AddLeaf,
+    /// `v ∘ w` likewise.
+    MulLeaf,
+    /// `v` placed at placement number `k` (of `placements`).
+    Place(usize),
+    /// `v · w` for a leaf `[n, n]` cut to match, closed after.
+    Matmul,
+    /// `softmax` over axis 1, placed whole first.
+    Softmax,
+    /// The sum over axis 0 broadcast back (`v − mean₀ v`).
+    Center,
+}
+
+/// Placement number `k` of a mesh with axes `a`, `b` (and maybe `c`) for a value of rank 2.
+fn placements<'d>(m: &Mesh<'d>, k: usize) -> Result<Placement<'d>> {
+    let three = m.axes().len() == 3;
+    Ok(match k % if three { 7 } else { 6 } {
+        0 => Placement::mesh(m, &[])?,
+        1 => Placement::mesh(m, &[(0, &["a"])])?,
+        2 => Placement::mesh(m, &[(1, &["b"])])?,
+        3 => Placement::mesh(m, &[(0, &["a"]), (1, &["b"])])?,
+        4 => Placement::partial(m, &["a"], &[(1, &["b"])])?,
+        5 => Placement::mesh(m, &[(0, &["b", "a"])])?,
+        _ => Placement::partial(m, &["c"], &[(0, &["a", "b"])])?,
+    })
+}
+
+fn program<'d>(steps: &[Step], shape: (usize, usize), start: usize, ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+    let (rows, cols) = shape;
+    let mut v = mk.leaf(ctx, &[rows, cols], &placements(m, start)?.closed(), 1)?;
+    for (i, s) in steps.iter().enumerate() {
+        let seed = 10 + i as u64;
+        let closed = |v: Var<'d, f64>| if v.placement().is_partial() { v.place(&v.placement().closed()) } else { Ok(v) };
+        v = match *s {
+            Step::Tanh => closed(v)?.tanh()?,
+            Step::Scale => v.scale(-1.5)?,
+            Step::AddLeaf => {
+                let w = mk.leaf(ctx, &[rows, cols], &v.placement().clone(), seed)?;
+                v.add(&w)?
+            }
+            Step::MulLeaf => {
+                let v = closed(v)?;
+                let w = mk.leaf(ctx, &[rows, cols], &v.placement().clone(), seed)?;
+                v.mul(&w)?
+            }
+            Step::Place(k) => v.place(&placements(m, k)?)?,
+            Step::Matmul => {
+                let v = closed(v)?.place(&Placement::mesh(m, &[(0, &["a"]), (1, &["b"])])?)?;
+                let w = mk.leaf(ctx, &[cols, cols], &Placement::mesh(m, &[(0, &["b"])])?, seed)?;
+                let y = v.matmul(&w)?;
+                y.place(&y.placement().closed())?
+            }
+            Step::Softmax => closed(v)?.place(&Placement::mesh(m, &[(0, &["a"])])?)?.softmax(1)?,
+            Step::Center => {
+                let v = closed(v)?;
+                let mu = v.mean(0)?;
+                let mu = mu.place(&mu.placement().closed())?.reshape(&[1, cols])?;
+                let mu = mu.place(&Placement::mesh(m, &[])?)?;
+                v.place(&Placement::mesh(m, &[(0, &["a"])])?)?.sub(&mu)?
+            }
+        };
+    }
+    weighted(ctx, &v, 99)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 24, ..Default::default() })]
+
+    /// Random programs of random ops, placements and transitions: the gradients on a mesh of 1–3
+    /// axes are the one-device program's.
+    #[test]
+    fn random_programs_have_the_one_device_gradients(
+        mesh in 0usize..5,
+        rows in 1usize..6,
+        cols in 1usize..6,
+        start in 0usize..7,
+        ops in proptest::collection::vec((0u8..8, 0usize..7), 1..6),
+    ) {
+        let steps: Vec<Step> = ops.iter().map(|&(o, k)| match o {
+            0 => Step::Tanh, 1 => Step::Scale, 2 => Step::AddLeaf, 3 => Step::MulLeaf,
+            4 => Step::Place(k), 5 => Step::Matmul, 6 => Step::Softmax, _ => Step::Center,
+        }).collect();
+        let meshes: [&[(&str, usize)]; 5] = [
+            &[("a", 1), ("b", 1)], &[("a", 2), ("b", 1)], &[("a", 2), ("b", 2)], &[("a", 1), ("b", 3)], &[("a", 2), ("b", 2), ("c", 2)],
+        ];
+        let axes = meshes[mesh];
+        let one: Vec<(&str, usize)> = axes.iter().map(|a| (a.0, 1)).collect();
+        let body = body(|ctx, m, mk| program(&steps, (rows, cols), start, ctx, m, mk));
+        let (l1, g1) = run_body(&one, &body, None, false);
+        let (l, g) = run_body(axes, &body, None, false);
+        proptest::prop_assert!((l - l1).abs() <= 1e-10 * (1.0 + l1.abs()), "loss {} vs {}", l, l1);
+        for (a, b) in g.iter().zip(&g1) {
+            for (x, y) in a.iter().zip(b) {
+                proptest::prop_assert!((x - y).abs() <= 1e-10 * (1.0 + y.abs()), "{:?}: gradient {} vs one device {}", steps, x, y);
+            }
+        }
+    }
+}
+
+/// Each transition's backward is its dual: the adjoint of the identity (the gradient's global
+/// value is the cotangent's), issuing the dual collective.
+#[test]
+fn transitions_backward_are_their_duals() {
+    use nx::testing::Op;
+    let data = [Op::AllReduce, Op::ReduceScatter, Op::AllGather, Op::AllToAll, Op::Broadcast, Op::Send, Op::Recv];
+    let out = launch_with(&LaunchOptions { devices: Some(4), ..Default::default() }, |ctx| {
+        let m = ctx.mesh(&[("a", 2), ("b", 2)])?;
+        let copies = Placement::mesh(&m, &[])?;
+        let rows = Placement::mesh(&m, &[(0, &["a", "b"])])?;
+        let cols = Placement::mesh(&m, &[(1, &["a", "b"])])?;
+        let sum = Placement::partial(&m, &["a", "b"], &[])?;
+        // (from, to, cotangent's placement, the backward's collective or None)
+        let cases: Vec<(&Placement<'_>, &Placement<'_>, &Placement<'_>, Option<Op>)> = vec![
+            (&rows, &copies, &sum, Some(Op::ReduceScatter)), // all-gather ↔ reduce-scatter
+            (&rows, &copies, &copies, None),                 // all-gather ↔ local slice
+            (&copies, &rows, &rows, Some(Op::AllGather)),    // local slice ↔ all-gather
+            (&rows, &cols, &cols, Some(Op::AllToAll)),       // all-to-all ↔ all-to-all back
+            (&sum, &copies, &copies, None),                  // closing a sum ↔ nothing
+            (&sum, &rows, &rows, Some(Op::AllGather)),       // reduce-scatter ↔ all-gather (each term's gradient is the whole)
+            (&copies, &sum, &copies, None),                  // zero fill ↔ nothing
+        ];
+        let mut report = Vec::new();
+        for (i, (from, to, gp, dual)) in cases.into_iter().enumerate() {
+            let tape = Tape::new();
+            let x = tape.leaf(Tensor::<f64>::randn(ctx, &[5, 7], from, 1)?);
+            let y = x.place(to)?;
+            let g = Tensor::<f64>::randn(ctx, &[5, 7], gp, 2 + i as u64)?;
+            let (grads, log) = ctx.record(|| tape.backward_with(&y, g.clone()))?;
+            let gx = grads.of(&x).expect("a gradient").clone();
+            // the adjoint of the identity: the same global value as the cotangent
+            let (a, b) = (gx.full()?.to_vec()?, g.full()?.to_vec()?);
+            let same = a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-12 * (1.0 + q.abs()));
+            let issued: Vec<Op> = data.iter().copied().filter(|&o| log.count_any(o) > 0).collect();
+            report.push((i, same, issued, dual, gx.placement().closed().equal(&from.closed())));
+        }
+        Ok(report)
+    })
+    .unwrap();
+    for (i, same, issued, dual, at) in &out[0] {
+        assert!(same, "case {i}: the gradient is not the cotangent's value");
+        assert!(at, "case {i}: the gradient is not at closed(from)");
+        match dual {
+            Some(op) => assert_eq!(issued, &vec![*op], "case {i}"),
+            None => assert!(issued.is_empty(), "case {i}: issued {issued:?}"),
+        }
+    }
 }

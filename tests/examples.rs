@@ -14,6 +14,9 @@ fn example(name: &str) -> PathBuf {
     path
 }
 
+/// A small, quick `train_gpt`.
+const GPT: &[&str] = &["--steps", "12", "--layers", "1", "--width", "32", "--batch", "12", "--mesh", "dp=2,tp=2"];
+
 fn run(mut cmd: Command, limit: Duration) -> Output {
     let start = Instant::now();
     let mut child =
@@ -46,7 +49,18 @@ fn examples_run_on_the_simulated_mesh() {
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("final loss:") && text.contains("single-device reference"), "{text}");
     checksum(&out);
+    let mut cmd = Command::new(example("train_gpt"));
+    cmd.args(GPT);
+    let out = run(cmd, Duration::from_secs(300));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("final loss:") && text.contains("held-out accuracy:"), "{text}");
+    checksum(&out);
     // bad options: a clear error and a failure
+    let mut cmd = Command::new(example("train_gpt"));
+    cmd.args(["--mesh", "dp=2,tp=3"]);
+    let out = run(cmd, Duration::from_secs(60));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not divide"), "{}", String::from_utf8_lossy(&out.stderr));
     let mut cmd = Command::new(example("train_mlp"));
     cmd.args(["--mesh", "dp=2"]);
     let out = run(cmd, Duration::from_secs(60));
@@ -91,4 +105,12 @@ fn examples_run_under_mpirun_with_the_same_bits() {
     cmd.args(args);
     let sim = checksum(&run(cmd, Duration::from_secs(300)));
     assert_eq!(mpi, sim, "the final parameters under MPI and on the simulated mesh");
+    // train_gpt likewise, under mpirun and nx run
+    let gpt_mpi = checksum(&mpirun(4, "train_gpt", GPT));
+    let mut cmd = Command::new(&nx);
+    cmd.args(["run", "-n", "4", "--mpi", "--"]).arg(example("train_gpt")).args(GPT);
+    assert_eq!(checksum(&run(cmd, Duration::from_secs(300))), gpt_mpi, "train_gpt under nx run");
+    let mut cmd = Command::new(example("train_gpt"));
+    cmd.args(GPT);
+    assert_eq!(checksum(&run(cmd, Duration::from_secs(300))), gpt_mpi, "train_gpt under MPI and on the simulated mesh");
 }

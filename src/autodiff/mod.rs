@@ -21,7 +21,8 @@
 //! | all-gather (cut → copies) | reduce-scatter where `g` is a sum over those axes, else a local slice |
 //! | local slice (copies → cut) | all-gather |
 //! | all-to-all (cut axis a → cut axis b) | the all-to-all back |
-//! | closing a sum (all-reduce / reduce-scatter) | no communication: every term's gradient is the whole gradient (`closed(P)` holds it) |
+//! | closing a sum by an all-reduce (a sum → copies) | no communication: every term's gradient is the whole gradient, which the copies hold |
+//! | closing a sum by a reduce-scatter (a sum → cut) | all-gather: every term's gradient is the whole gradient |
 //! | zero fill (closed → a sum) | no communication: `g` already lies on each term's ranks |
 //!
 //! Because gradients are values rather than per-rank buffers, a sum can never be counted twice:

@@ -9,10 +9,16 @@ use crate::tensor::err;
 use crate::{Placement, Result, Tensor};
 
 /// `g` at `p` (closed), placed there where it is not.
+///
+/// Placements that are `equal` (the same windows on every device) but spelled otherwise — a cut
+/// over a mesh axis of one device, say — are relabelled without moving a byte, so that the
+/// propagation rules, which compare mesh axis names, meet the spelling they expect.
 pub(crate) fn fit<'d, T: Reducible>(g: Tensor<'d, T>, p: &Placement<'d>) -> Result<Tensor<'d, T>> {
     let p = p.closed();
-    if g.placement.equal(&p) {
+    if g.placement.spec() == p.spec() {
         Ok(g)
+    } else if g.placement.equal(&p) {
+        Ok(g.relabel(p))
     } else {
         g.place(&p)
     }
@@ -20,10 +26,10 @@ pub(crate) fn fit<'d, T: Reducible>(g: Tensor<'d, T>, p: &Placement<'d>) -> Resu
 
 /// `g` where its cuts are `p`'s (a sum allowed, for linear rules), else placed at `closed(p)`.
 pub(crate) fn like<'d, T: Reducible>(g: Tensor<'d, T>, p: &Placement<'d>) -> Result<Tensor<'d, T>> {
-    if g.placement.closed().equal(&p.closed()) {
+    if g.placement.closed().spec() == p.closed().spec() {
         Ok(g)
     } else {
-        g.place(&p.closed())
+        fit(g, p)
     }
 }
 
