@@ -26,8 +26,8 @@
 pub mod autodiff;
 mod launch;
 pub mod nn;
-pub mod optim;
 mod ops;
+pub mod optim;
 mod shape;
 pub mod store;
 mod tensor;
@@ -58,9 +58,9 @@ pub enum Error {
         /// What does not fit, with the values.
         why: String,
     },
-    /// A placement error.
+    /// A placement error (a propagation rule's refusal is [`Error::Invalid`]).
     #[error(transparent)]
-    Placement(#[from] nx_placement::Error),
+    Placement(nx_placement::Error),
     /// A local-array or kernel error.
     #[error(transparent)]
     Kernels(#[from] nx_kernels::Error),
@@ -79,6 +79,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// As [`nx_placement::plan()`]: a placement cutting an axis past the shape's rank.
 pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], dtype: Dtype) -> Result<Plan> {
     Ok(nx_placement::plan(from, to, shape, dtype.size())?)
+}
+
+impl From<nx_placement::Error> for Error {
+    fn from(e: nx_placement::Error) -> Error {
+        match e {
+            nx_placement::Error::Rule { func, why } => Error::Invalid { func, why },
+            e => Error::Placement(e),
+        }
+    }
 }
 
 impl From<nx_mesh::Error> for Error {

@@ -63,12 +63,15 @@ fn target<'d>(zero: &Option<Zero>, t: &Tensor<'d, impl Reducible>) -> Result<Pla
     }
 }
 
+/// Tensors by name.
+type Named<'d, T> = Vec<(String, Tensor<'d, T>)>;
+
 /// The gradients of `params` closed at their update placements, and their global 2-norm.
 fn closed<'d, T: Reducible>(
     params: &Params<'d, T>,
     grads: &Grads<'d, T>,
     zero: &Option<Zero>,
-) -> Result<(Vec<(String, Tensor<'d, T>)>, f64)> {
+) -> Result<(Named<'d, T>, f64)> {
     let mut out = Vec::new();
     let mut sq = 0.0;
     for (name, w) in params.iter() {
@@ -133,7 +136,16 @@ pub struct AdamW<'d, T: Reducible> {
 impl<'d, T: Reducible> AdamW<'d, T> {
     /// β = (0.9, 0.95), ε = 1e-8, decay 0.1, clipping at 1, no ZeRO.
     pub fn new() -> Self {
-        AdamW { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: Some(1.0), zero: None, steps: 0, state: HashMap::new() }
+        AdamW {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            clip: Some(1.0),
+            zero: None,
+            steps: 0,
+            state: HashMap::new(),
+        }
     }
 
     /// One update of `params` by `grads` at learning rate `lr`; answers the gradient's global
@@ -172,7 +184,8 @@ impl<'d, T: Reducible> AdamW<'d, T> {
             })?;
             let wd = if w.shape().len() >= 2 { self.weight_decay } else { 0.0 };
             let nw = ws.map(&[&m, &v], false, |p, l| {
-                let (k1, k2, e, lrv, d) = (p.float(1.0 / c1), p.float(1.0 / c2), p.float(eps), p.float(lr), p.float(wd));
+                let (k1, k2, e, lrv, d) =
+                    (p.float(1.0 / c1), p.float(1.0 / c2), p.float(eps), p.float(lr), p.float(wd));
                 let mh = p.mul(l[1], k1);
                 let vh = p.mul(l[2], k2);
                 let s = p.unary(nx_kernels::prog::UnOp::Sqrt, vh);

@@ -66,7 +66,9 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     pub fn permute(&self, perm: &[usize]) -> Result<Self> {
         const FUNC: &str = "nx::Tensor::permute";
         let mut seen = vec![false; self.shape.len()];
-        if perm.len() != self.shape.len() || perm.iter().any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true)) {
+        if perm.len() != self.shape.len()
+            || perm.iter().any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
+        {
             return Err(err(FUNC, format!("{perm:?} is not a permutation of the axes of {:?}", self.shape)));
         }
         let placement = match self.placement.spec() {
@@ -111,8 +113,8 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     pub fn expand(&self, shape: &[usize], placement: &Placement<'d>) -> Result<Self> {
         const FUNC: &str = "nx::Tensor::expand";
         let r = self.shape.len();
-        let fits = r <= shape.len()
-            && (0..r).all(|i| self.shape[i] == 1 || self.shape[i] == shape[shape.len() - r + i]);
+        let fits =
+            r <= shape.len() && (0..r).all(|i| self.shape[i] == 1 || self.shape[i] == shape[shape.len() - r + i]);
         if !fits || self.placement.is_partial() || placement.is_partial() {
             return Err(err(
                 FUNC,
@@ -145,7 +147,9 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             }
         }
         let local = match (placement.window(shape, self.ctx.index())?, &self.local) {
-            (Some(w), _) if w.iter().any(|x| x.is_empty()) => Some(Array::<T>::uninit_on(self.ctx.rig(), &window_shape(&w))?),
+            (Some(w), _) if w.iter().any(|x| x.is_empty()) => {
+                Some(Array::<T>::uninit_on(self.ctx.rig(), &window_shape(&w))?)
+            }
             (Some(w), Some(a)) => {
                 let ws = window_shape(&w);
                 let dst = Array::<T>::uninit_on(self.ctx.rig(), &ws)?;
@@ -205,7 +209,13 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         // cut `axis` (c the rank's block), gathered whole and reduced
         let mut pp = rules::parts(FUNC, &self.placement)?;
         let mesh = self.placement.mesh_of();
-        let ways: usize = cut.iter().map(|n| mesh.extent(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(nx_placement::Error::from)?.iter().product();
+        let ways: usize = cut
+            .iter()
+            .map(|n| mesh.extent(n))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(nx_placement::Error::from)?
+            .iter()
+            .product();
         pp.cuts.retain(|c| c.0 != axis);
         for c in &mut pp.cuts {
             if c.0 > axis {
@@ -234,7 +244,8 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// # Errors
     /// As [`Tensor::sum`].
     pub fn mean(&self, axis: usize) -> Result<Self> {
-        let n = *self.shape.get(axis).ok_or_else(|| err("nx::Tensor::mean", format!("axis {axis} of {:?}", self.shape)))?;
+        let n =
+            *self.shape.get(axis).ok_or_else(|| err("nx::Tensor::mean", format!("axis {axis} of {:?}", self.shape)))?;
         self.sum(axis)?.scale(1.0 / n.max(1) as f64)
     }
 
@@ -249,4 +260,3 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         })
     }
 }
-

@@ -358,13 +358,14 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                         match (mine, theirs) {
                             (Ok(Some(m)), Ok(Some(t))) => {
                                 let lead = m.len() - t.len();
-                                m.iter().any(|x| x.is_empty()) || t.iter().enumerate().all(|(i, r)| {
-                                    if o.shape[i] == 1 && self.shape[lead + i] != 1 {
-                                        *r == (0..1)
-                                    } else {
-                                        *r == m[lead + i] && o.shape[i] == self.shape[lead + i]
-                                    }
-                                })
+                                m.iter().any(|x| x.is_empty())
+                                    || t.iter().enumerate().all(|(i, r)| {
+                                        if o.shape[i] == 1 && self.shape[lead + i] != 1 {
+                                            *r == (0..1)
+                                        } else {
+                                            *r == m[lead + i] && o.shape[i] == self.shape[lead + i]
+                                        }
+                                    })
                             }
                             (Ok(None), Ok(None)) => true,
                             _ => false,

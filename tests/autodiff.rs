@@ -61,11 +61,21 @@ where
 }
 
 /// Every leaf's gradient (whole) and the loss, on the mesh `axes`.
-fn run(axes: &[(&str, usize)], case: Case, perturb: Option<(usize, usize, f64)>, positive: bool) -> (f64, Vec<Vec<f64>>) {
+fn run(
+    axes: &[(&str, usize)],
+    case: Case,
+    perturb: Option<(usize, usize, f64)>,
+    positive: bool,
+) -> (f64, Vec<Vec<f64>>) {
     run_body(axes, &case, perturb, positive)
 }
 
-fn run_body<F>(axes: &[(&str, usize)], case: &F, perturb: Option<(usize, usize, f64)>, positive: bool) -> (f64, Vec<Vec<f64>>)
+fn run_body<F>(
+    axes: &[(&str, usize)],
+    case: &F,
+    perturb: Option<(usize, usize, f64)>,
+    positive: bool,
+) -> (f64, Vec<Vec<f64>>)
 where
     F: for<'d> Fn(&Ctx<'d>, &Mesh<'d>, &mut Mk<'d>) -> Result<Var<'d, f64>> + Sync,
 {
@@ -107,7 +117,10 @@ fn check(case: Case, meshes: &[&[(&str, usize)]], positive: bool) {
             let up = run(&one, case, Some((l, e, h)), positive).0;
             let down = run(&one, case, Some((l, e, -h)), positive).0;
             let fd = (up - down) / (2.0 * h);
-            assert!((fd - ge).abs() <= 1e-5 * (1.0 + fd.abs()), "leaf {l} element {e}: backward {ge}, finite differences {fd}");
+            assert!(
+                (fd - ge).abs() <= 1e-5 * (1.0 + fd.abs()),
+                "leaf {l} element {e}: backward {ge}, finite differences {fd}"
+            );
         }
     }
     for m in meshes {
@@ -121,7 +134,13 @@ fn check(case: Case, meshes: &[&[(&str, usize)]], positive: bool) {
     }
 }
 
-const TWO: &[&[(&str, usize)]] = &[&[("a", 1), ("b", 1)], &[("a", 2), ("b", 1)], &[("a", 2), ("b", 2)], &[("a", 1), ("b", 3)], &[("a", 2), ("b", 3)]];
+const TWO: &[&[(&str, usize)]] = &[
+    &[("a", 1), ("b", 1)],
+    &[("a", 2), ("b", 1)],
+    &[("a", 2), ("b", 2)],
+    &[("a", 1), ("b", 3)],
+    &[("a", 2), ("b", 3)],
+];
 const THREE: &[&[(&str, usize)]] = &[&[("a", 2), ("b", 2), ("c", 2)], &[("a", 1), ("b", 2), ("c", 3)]];
 
 #[test]
@@ -291,12 +310,20 @@ fn placements<'d>(m: &Mesh<'d>, k: usize) -> Result<Placement<'d>> {
     })
 }
 
-fn program<'d>(steps: &[Step], shape: (usize, usize), start: usize, ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+fn program<'d>(
+    steps: &[Step],
+    shape: (usize, usize),
+    start: usize,
+    ctx: &Ctx<'d>,
+    m: &Mesh<'d>,
+    mk: &mut Mk<'d>,
+) -> Result<Var<'d, f64>> {
     let (rows, cols) = shape;
     let mut v = mk.leaf(ctx, &[rows, cols], &placements(m, start)?.closed(), 1)?;
     for (i, s) in steps.iter().enumerate() {
         let seed = 10 + i as u64;
-        let closed = |v: Var<'d, f64>| if v.placement().is_partial() { v.place(&v.placement().closed()) } else { Ok(v) };
+        let closed =
+            |v: Var<'d, f64>| if v.placement().is_partial() { v.place(&v.placement().closed()) } else { Ok(v) };
         v = match *s {
             Step::Tanh => closed(v)?.tanh()?,
             Step::Scale => v.scale(-1.5)?,
@@ -382,8 +409,8 @@ fn transitions_backward_are_their_duals() {
             (&copies, &rows, &rows, Some(Op::AllGather)),    // local slice ↔ all-gather
             (&rows, &cols, &cols, Some(Op::AllToAll)),       // all-to-all ↔ all-to-all back
             (&sum, &copies, &copies, None),                  // closing a sum ↔ nothing
-            (&sum, &rows, &rows, Some(Op::AllGather)),       // reduce-scatter ↔ all-gather (each term's gradient is the whole)
-            (&copies, &sum, &copies, None),                  // zero fill ↔ nothing
+            (&sum, &rows, &rows, Some(Op::AllGather)), // reduce-scatter ↔ all-gather (each term's gradient is the whole)
+            (&copies, &sum, &copies, None),            // zero fill ↔ nothing
         ];
         let mut report = Vec::new();
         for (i, (from, to, gp, dual)) in cases.into_iter().enumerate() {

@@ -60,7 +60,11 @@ fn examples_run_on_the_simulated_mesh() {
     cmd.args(["--mesh", "dp=2,tp=3"]);
     let out = run(cmd, Duration::from_secs(60));
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("does not divide"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not divide"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut cmd = Command::new(example("train_mlp"));
     cmd.args(["--mesh", "dp=2"]);
     let out = run(cmd, Duration::from_secs(60));

@@ -19,9 +19,8 @@ fn python() -> Option<PathBuf> {
     if let Some(h) = std::env::var_os("HOME") {
         c.push(PathBuf::from(h).join(".cache/nx/torch/bin/python"));
     }
-    c.into_iter().find(|p| {
-        Command::new(p).args(["-c", "import torch, safetensors"]).output().is_ok_and(|o| o.status.success())
-    })
+    c.into_iter()
+        .find(|p| Command::new(p).args(["-c", "import torch, safetensors"]).output().is_ok_and(|o| o.status.success()))
 }
 
 fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
@@ -53,7 +52,9 @@ fn per_step_losses_match_pytorch() {
     let initial = nx::launch_with(&nx::LaunchOptions { devices: Some(1), ..Default::default() }, |ctx| {
         let layout = nx::nn::Layout::new(&ctx.mesh(&[("dp", 1), ("tp", 1)])?)?;
         let p: nx::nn::Params<'_, f32> = gpt.init(ctx, &layout, cfg.seed)?;
-        p.iter().map(|(n, t)| Ok((n.to_string(), t.shape().to_vec(), t.full()?.to_vec()?))).collect::<nx::Result<Vec<_>>>()
+        p.iter()
+            .map(|(n, t)| Ok((n.to_string(), t.shape().to_vec(), t.full()?.to_vec()?)))
+            .collect::<nx::Result<Vec<_>>>()
     })
     .unwrap()
     .remove(0);
@@ -65,7 +66,8 @@ fn per_step_losses_match_pytorch() {
         labels.extend(l);
     }
     let c = gpt.config;
-    let config: Vec<i64> = [c.vocab, c.context, c.layers, c.heads, c.width, cfg.steps].iter().map(|&x| x as i64).collect();
+    let config: Vec<i64> =
+        [c.vocab, c.context, c.layers, c.heads, c.width, cfg.steps].iter().map(|&x| x as i64).collect();
     let mut blobs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> =
         initial.iter().map(|(n, s, v)| (n.clone(), Dtype::F32, s.clone(), bytes(v))).collect();
     blobs.push(("ids".into(), Dtype::I64, vec![cfg.steps, cfg.batch, t], bytes(&ids)));
@@ -91,6 +93,10 @@ fn per_step_losses_match_pytorch() {
     println!("50 steps: nx {:?}\ntorch {theirs:?}\nlargest relative difference {worst:.2e}", ours.losses);
     assert!(ours.losses.last() < ours.losses.first(), "the loss falls");
     for (i, (a, b)) in ours.losses.iter().zip(&theirs).enumerate() {
-        assert!((a - b).abs() <= 1e-4 * b.abs(), "step {i}: nx loss {a}, torch {b} (all: {:?} vs {theirs:?})", ours.losses);
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "step {i}: nx loss {a}, torch {b} (all: {:?} vs {theirs:?})",
+            ours.losses
+        );
     }
 }

@@ -8,7 +8,19 @@ use gpt_task::{Config, Outcome};
 use nx::{launch_with, LaunchOptions};
 
 fn small(dp: usize, tp: usize, zero: bool) -> Config {
-    Config { dp, tp, zero, steps: 6, layers: 2, heads: 4, width: 16, batch: 7, eval: 10, verbose: false, ..Config::default() }
+    Config {
+        dp,
+        tp,
+        zero,
+        steps: 6,
+        layers: 2,
+        heads: 4,
+        width: 16,
+        batch: 7,
+        eval: 10,
+        verbose: false,
+        ..Config::default()
+    }
 }
 
 fn run(cfg: &Config) -> Outcome {
@@ -18,7 +30,12 @@ fn run(cfg: &Config) -> Outcome {
 
 fn compare(a: &Outcome, b: &Outcome, tol: f64, what: &str) {
     for (i, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
-        assert!((x - y).abs() <= tol * y.abs(), "{what}: step {i}: loss {x} vs one device {y}; all {:?} vs {:?}", a.losses, b.losses);
+        assert!(
+            (x - y).abs() <= tol * y.abs(),
+            "{what}: step {i}: loss {x} vs one device {y}; all {:?} vs {:?}",
+            a.losses,
+            b.losses
+        );
     }
     for ((n, p), (_, q)) in a.params.iter().zip(&b.params) {
         let worst = p.iter().zip(q).map(|(x, y)| (x - y).abs() / (y.abs() + 1e-2)).fold(0.0f32, f32::max);

@@ -146,7 +146,13 @@ pub fn eval_pairs(count: usize, digits: usize) -> Vec<(u64, u64)> {
 
 /// The model of `cfg`.
 pub fn model(cfg: &Config) -> Result<Gpt> {
-    Gpt::new(GptConfig { vocab: VOCAB, context: 3 * cfg.digits + 2, layers: cfg.layers, heads: cfg.heads, width: cfg.width })
+    Gpt::new(GptConfig {
+        vocab: VOCAB,
+        context: 3 * cfg.digits + 2,
+        layers: cfg.layers,
+        heads: cfg.heads,
+        width: cfg.width,
+    })
 }
 
 /// Inputs and labels of step `step`'s batch, row-major `[batch, 3·digits + 2]` each, the labels
@@ -165,7 +171,12 @@ pub fn batch_host(cfg: &Config, step: usize) -> (Vec<i64>, Vec<i64>) {
 }
 
 /// [`batch_host`] as tensors with the batch cut as `rows`.
-fn batch<'d>(ctx: &Ctx<'d>, cfg: &Config, rows: &Placement<'d>, step: usize) -> Result<(Tensor<'d, i64>, Tensor<'d, i64>)> {
+fn batch<'d>(
+    ctx: &Ctx<'d>,
+    cfg: &Config,
+    rows: &Placement<'d>,
+    step: usize,
+) -> Result<(Tensor<'d, i64>, Tensor<'d, i64>)> {
     let (ids, labels) = batch_host(cfg, step);
     let t = 3 * cfg.digits + 2;
     let ids = Tensor::from_fn(ctx, &[cfg.batch, t], rows, |i| ids[i[0] * t + i[1]])?;
@@ -214,10 +225,7 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
     }
     let tokens_per_s = (cfg.steps * cfg.batch * t) as f64 / start.elapsed().as_secs_f64();
     let accuracy = score(ctx, cfg, &gpt, &layout, &params)?;
-    let params = params
-        .iter()
-        .map(|(n, p)| Ok((n.to_string(), p.full()?.to_vec()?)))
-        .collect::<Result<Vec<_>>>()?;
+    let params = params.iter().map(|(n, p)| Ok((n.to_string(), p.full()?.to_vec()?))).collect::<Result<Vec<_>>>()?;
     Ok(Outcome { losses, accuracy, tokens_per_s, params })
 }
 
@@ -225,6 +233,9 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
 /// prompt and the digits before it.
 pub fn score<'d>(ctx: &Ctx<'d>, cfg: &Config, gpt: &Gpt, layout: &Layout<'d>, params: &Params<'d, f32>) -> Result<f64> {
     let pairs = eval_pairs(cfg.eval, cfg.digits);
+    if pairs.is_empty() {
+        return Ok(0.0);
+    }
     let t = 3 * cfg.digits + 2;
     let prompt = 2 * cfg.digits + 2;
     let rows = layout.cut(&[(0, &["dp"])])?;
@@ -255,10 +266,7 @@ pub fn score<'d>(ctx: &Ctx<'d>, cfg: &Config, gpt: &Gpt, layout: &Layout<'d>, pa
             }
         }
     }
-    let right = pairs
-        .iter()
-        .zip(&seqs)
-        .filter(|(&(a, b), s)| s[prompt..] == tokens(a, b, cfg.digits)[prompt..])
-        .count();
+    let right =
+        pairs.iter().zip(&seqs).filter(|(&(a, b), s)| s[prompt..] == tokens(a, b, cfg.digits)[prompt..]).count();
     Ok(right as f64 / pairs.len().max(1) as f64)
 }

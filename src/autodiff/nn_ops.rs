@@ -91,8 +91,7 @@ impl<'d, T: Reducible> Var<'d, T> {
             return Ok(self.clone());
         }
         let keep_scale = 1.0 / (1.0 - d.p);
-        let strides: Vec<usize> =
-            (0..self.shape().len()).map(|i| self.shape()[i + 1..].iter().product()).collect();
+        let strides: Vec<usize> = (0..self.shape().len()).map(|i| self.shape()[i + 1..].iter().product()).collect();
         let mask = Tensor::<T>::from_fn(&self.value.ctx, self.shape(), &self.placement().closed(), |i| {
             let flat: usize = i.iter().zip(&strides).map(|(a, b)| a * b).sum();
             crate::from_f64(if uniform(d.seed, flat as u64) < d.p { 0.0 } else { keep_scale })
@@ -117,18 +116,27 @@ impl<'d, T: Reducible> Var<'d, T> {
         if t.shape.len() != 2 || t.placement.is_partial() || ids.placement.is_partial() {
             return Err(err(
                 FUNC,
-                format!("needs a closed table [n, d] and closed ids, got {:?} at {} and ids at {}", t.shape, t.placement, ids.placement),
+                format!(
+                    "needs a closed table [n, d] and closed ids, got {:?} at {} and ids at {}",
+                    t.shape, t.placement, ids.placement
+                ),
             ));
         }
         if t.placement.mesh_of().spec() != ids.placement.mesh_of().spec() {
-            return Err(err(FUNC, format!("the table at {:#} and ids at {:#} are over different meshes", t.placement, ids.placement)));
+            return Err(err(
+                FUNC,
+                format!("the table at {:#} and ids at {:#} are over different meshes", t.placement, ids.placement),
+            ));
         }
         let (n, d) = (t.shape[0], t.shape[1]);
         let rows = cut_names(FUNC, &t.placement, 0)?;
         let cols = cut_names(FUNC, &t.placement, 1)?;
         let ip = rules::parts(FUNC, &ids.placement)?;
         if let Some(c) = ip.cuts.iter().flat_map(|c| &c.1).find(|c| rows.contains(c) || cols.contains(c)) {
-            return Err(err(FUNC, format!("mesh axis {c:?} cuts both the ids ({}) and the table ({})", ids.placement, t.placement)));
+            return Err(err(
+                FUNC,
+                format!("mesh axis {c:?} cuts both the ids ({}) and the table ({})", ids.placement, t.placement),
+            ));
         }
         let mut cuts = ip.cuts.clone();
         if !cols.is_empty() {
@@ -145,7 +153,10 @@ impl<'d, T: Reducible> Var<'d, T> {
                 let mut out = vec![T::default(); iv.len() * td];
                 for (k, &id) in iv.iter().enumerate() {
                     if id < 0 || id as usize >= n {
-                        return Err(err(FUNC, format!("id {id} at position {k} of rank {}'s ids is outside 0..{n}", t.ctx.rank())));
+                        return Err(err(
+                            FUNC,
+                            format!("id {id} at position {k} of rank {}'s ids is outside 0..{n}", t.ctx.rank()),
+                        ));
                     }
                     let i = id as usize;
                     if (r0..r0 + tn).contains(&i) {
@@ -205,7 +216,10 @@ impl<'d, T: Reducible> Var<'d, T> {
         if r == 0 || z.placement.is_partial() || labels.shape != z.shape[..r - 1] {
             return Err(err(
                 FUNC,
-                format!("logits {:?} at {} and labels {:?}: needs closed logits [.., c] and labels [..]", z.shape, z.placement, labels.shape),
+                format!(
+                    "logits {:?} at {} and labels {:?}: needs closed logits [.., c] and labels [..]",
+                    z.shape, z.placement, labels.shape
+                ),
             ));
         }
         let c = z.shape[r - 1];
@@ -235,7 +249,10 @@ impl<'d, T: Reducible> Var<'d, T> {
                         continue;
                     }
                     if lab as usize >= c {
-                        return Err(err(FUNC, format!("label {lab} at position {k} of rank {}'s labels is outside 0..{c}", z.ctx.rank())));
+                        return Err(err(
+                            FUNC,
+                            format!("label {lab} at position {k} of rank {}'s labels is outside 0..{c}", z.ctx.rank()),
+                        ));
                     }
                     let j = lab as usize;
                     if (c0..c0 + cl).contains(&j) {
@@ -326,7 +343,10 @@ impl<'d, T: Reducible> Var<'d, T> {
         const FUNC: &str = "nx::autodiff::Var::attention";
         let (q, kk, vv) = (&self.value, &k.value, &v.value);
         if q.shape.len() != 4 || kk.shape != q.shape || vv.shape != q.shape {
-            return Err(err(FUNC, format!("q {:?}, k {:?}, v {:?}: needs [b, h, t, d] alike", q.shape, kk.shape, vv.shape)));
+            return Err(err(
+                FUNC,
+                format!("q {:?}, k {:?}, v {:?}: needs [b, h, t, d] alike", q.shape, kk.shape, vv.shape),
+            ));
         }
         let scale = 1.0 / (q.shape[3] as f64).sqrt();
         let out = q.attention(kk, vv, causal, Some(scale))?;

@@ -73,7 +73,8 @@ impl<'d, T: Reducible> Var<'d, T> {
         let (sa, sb) = (self.value.shape.clone(), other.value.shape.clone());
         let pb = other.value.placement.clone();
         Ok(self.tape.record(out, &[self, other], move |g| {
-            let gb = if other_needs(&sb, &g.shape) { Some(like(sum_to(g.clone(), &sb)?, &pb)?) } else { Some(g.clone()) };
+            let gb =
+                if other_needs(&sb, &g.shape) { Some(like(sum_to(g.clone(), &sb)?, &pb)?) } else { Some(g.clone()) };
             Ok(vec![Some(sum_to(g, &sa)?), gb])
         }))
     }
@@ -155,11 +156,7 @@ impl<'d, T: Reducible> Var<'d, T> {
     ///
     /// # Errors
     /// A partial value.
-    pub fn pointwise(
-        &self,
-        f: impl Fn(&mut Prog, V) -> V,
-        df: impl Fn(&mut Prog, V, V) -> V + 'd,
-    ) -> Result<Self> {
+    pub fn pointwise(&self, f: impl Fn(&mut Prog, V) -> V, df: impl Fn(&mut Prog, V, V) -> V + 'd) -> Result<Self> {
         let out = self.value.map(&[], false, |p, l| f(p, l[0]))?;
         let (x, y) = (self.value.clone(), out.clone());
         Ok(self.tape.record(out, &[self], move |g| {
@@ -285,10 +282,7 @@ impl<'d, T: Reducible> Var<'d, T> {
     /// # Errors
     /// A partial value.
     pub fn log(&self) -> Result<Self> {
-        self.pointwise(
-            |p, x| p.unary(UnOp::Log, x),
-            |p, x, _| p.unary(UnOp::Recip, x),
-        )
+        self.pointwise(|p, x| p.unary(UnOp::Log, x), |p, x, _| p.unary(UnOp::Recip, x))
     }
 
     /// `1/√x`.
@@ -589,4 +583,3 @@ fn contract_grad<'d, T: Reducible>(
         r.permute(&perm)
     }
 }
-

@@ -76,7 +76,10 @@ impl Gpt {
     pub fn new(config: GptConfig) -> Result<Gpt> {
         let c = config.width;
         if config.heads == 0 || c % config.heads != 0 || config.vocab == 0 || config.context == 0 {
-            return Err(err("nx::nn::gpt::Gpt::new", format!("{config:?}: the heads must divide the width, sizes above 0")));
+            return Err(err(
+                "nx::nn::gpt::Gpt::new",
+                format!("{config:?}: the heads must divide the width, sizes above 0"),
+            ));
         }
         let ln = |name: String| LayerNorm { name, d: c, eps: 1e-5 };
         let blocks = (0..config.layers)
@@ -114,7 +117,10 @@ impl Gpt {
     /// A layout whose `tp` does not divide the heads.
     pub fn init<'d, T: Reducible>(&self, ctx: &Ctx<'d>, l: &Layout<'d>, seed: u64) -> Result<Params<'d, T>> {
         if self.config.heads % l.tp() != 0 {
-            return Err(err("nx::nn::gpt::Gpt::init", format!("tp = {} does not divide {} heads", l.tp(), self.config.heads)));
+            return Err(err(
+                "nx::nn::gpt::Gpt::init",
+                format!("tp = {} does not divide {} heads", l.tp(), self.config.heads),
+            ));
         }
         let mut p = Params::new();
         let std = 0.02;
@@ -146,10 +152,18 @@ impl Gpt {
     ///
     /// # Errors
     /// Ids of another rank or too long, or placed otherwise; a parameter missing.
-    pub fn forward<'d, T: Reducible>(&self, p: &Bound<'d, T>, l: &Layout<'d>, ids: &Tensor<'d, i64>) -> Result<Var<'d, T>> {
+    pub fn forward<'d, T: Reducible>(
+        &self,
+        p: &Bound<'d, T>,
+        l: &Layout<'d>,
+        ids: &Tensor<'d, i64>,
+    ) -> Result<Var<'d, T>> {
         let s = ids.shape();
         if s.len() != 2 || s[1] > self.config.context {
-            return Err(err("nx::nn::gpt::Gpt::forward", format!("ids {s:?}: needs [batch, t ≤ {}]", self.config.context)));
+            return Err(err(
+                "nx::nn::gpt::Gpt::forward",
+                format!("ids {s:?}: needs [batch, t ≤ {}]", self.config.context),
+            ));
         }
         let (b, t) = (s[0], s[1]);
         let positions = Tensor::<i64>::from_fn(&ids.ctx, &[t], &l.copies()?, |i| i[0] as i64)?;

@@ -62,7 +62,10 @@ impl<'d, T: Reducible> Params<'d, T> {
             return Err(err("nx::nn::Params::set", format!("no parameter named {name:?}")));
         };
         if slot.1.shape() != value.shape() {
-            return Err(err("nx::nn::Params::set", format!("{name}: shape {:?} for {:?}", value.shape(), slot.1.shape())));
+            return Err(err(
+                "nx::nn::Params::set",
+                format!("{name}: shape {:?} for {:?}", value.shape(), slot.1.shape()),
+            ));
         }
         slot.1 = value;
         Ok(())
@@ -197,9 +200,19 @@ impl Linear {
     ///
     /// # Errors
     /// A name already present.
-    pub fn init<'d, T: Reducible>(&self, ctx: &Ctx<'d>, l: &Layout<'d>, params: &mut Params<'d, T>, seed: u64, std: f64) -> Result<()> {
+    pub fn init<'d, T: Reducible>(
+        &self,
+        ctx: &Ctx<'d>,
+        l: &Layout<'d>,
+        params: &mut Params<'d, T>,
+        seed: u64,
+        std: f64,
+    ) -> Result<()> {
         let (pw, pb) = self.placements(l)?;
-        params.insert(&format!("{}.w", self.name), Tensor::randn(ctx, &[self.d_in, self.d_out], &pw, seed)?.scale(std)?)?;
+        params.insert(
+            &format!("{}.w", self.name),
+            Tensor::randn(ctx, &[self.d_in, self.d_out], &pw, seed)?.scale(std)?,
+        )?;
         if self.bias {
             params.insert(&format!("{}.b", self.name), Tensor::zeros(ctx, &[self.d_out], &pb)?)?;
         }
@@ -242,7 +255,14 @@ impl Embedding {
     ///
     /// # Errors
     /// A name already present.
-    pub fn init<'d, T: Reducible>(&self, ctx: &Ctx<'d>, l: &Layout<'d>, params: &mut Params<'d, T>, seed: u64, std: f64) -> Result<()> {
+    pub fn init<'d, T: Reducible>(
+        &self,
+        ctx: &Ctx<'d>,
+        l: &Layout<'d>,
+        params: &mut Params<'d, T>,
+        seed: u64,
+        std: f64,
+    ) -> Result<()> {
         let p = if self.vocab_parallel { l.cut(&[(0, &["tp"])])? } else { l.copies()? };
         params.insert(&self.name, Tensor::randn(ctx, &[self.n, self.d], &p, seed)?.scale(std)?)
     }
