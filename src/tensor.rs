@@ -71,7 +71,8 @@ pub(crate) fn rebuild<'d>(p: &Placement<'d>, sums: &[String], cuts: &[(usize, Ve
 
 impl<'d, T: Reducible> Tensor<'d, T> {
     /// The value whose element at each global index `i` is `f(i)`; each rank computes only its
-    /// window.
+    /// window. At a partial placement the first term of each sum holds the value and the other
+    /// terms zeros, so the sum is `f(i)` there too.
     ///
     /// # Errors
     /// A placement that cuts an axis past the shape's rank; a placement over another set than
@@ -90,6 +91,9 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         }
         let local = match placement.window(shape, ctx.index())? {
             None => None,
+            Some(w) if placement.term(ctx.index())?.is_some_and(|t| t > 0) => {
+                Some(Array::zeros_on(ctx.rig(), &window_shape(&w))?)
+            }
             Some(w) => {
                 let starts: Vec<usize> = w.iter().map(|r| r.start).collect();
                 let mut g = vec![0; shape.len()];
@@ -358,14 +362,11 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                         match (mine, theirs) {
                             (Ok(Some(m)), Ok(Some(t))) => {
                                 let lead = m.len() - t.len();
-                                m.iter().any(|x| x.is_empty())
-                                    || t.iter().enumerate().all(|(i, r)| {
-                                        if o.shape[i] == 1 && self.shape[lead + i] != 1 {
-                                            *r == (0..1)
-                                        } else {
-                                            *r == m[lead + i] && o.shape[i] == self.shape[lead + i]
-                                        }
-                                    })
+                                t.iter().enumerate().all(|(i, r)| {
+                                    // an axis of one element broadcasts, or matches where it is cut alike
+                                    (o.shape[i] == 1 && *r == (0..1))
+                                        || (*r == m[lead + i] && o.shape[i] == self.shape[lead + i])
+                                })
                             }
                             (Ok(None), Ok(None)) => true,
                             _ => false,

@@ -357,7 +357,7 @@ fn program<'d>(
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::test_runner::Config { cases: 24, ..Default::default() })]
+    #![proptest_config(proptest::test_runner::Config { cases: 64, ..Default::default() })]
 
     /// Random programs of random ops, placements and transitions: the gradients on a mesh of 1–3
     /// axes are the one-device program's.

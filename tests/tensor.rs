@@ -298,8 +298,8 @@ mod random {
                     invalid(relu, "nx::Tensor::relu", &["a nonlinear map of a partial value", &format!("{}", s.placement())]);
                 }
                 // maps: an operand at an equal placement (both cut over the same mesh axes of more
-                // than one device), or whose windows are x's (as equal, except along an axis of one
-                // element, which broadcasts: there the operand whole on every device) give x's
+                // than one device), or whose windows are x's on each axis (cut alike, or whole
+                // along an axis of one element, which broadcasts) give x's
                 // placement; others are an error naming both placements
                 let y = Tensor::<f64>::from_fn(ctx, &[m, k], &p(SPECS[pb])?, b)?;
                 let effective = |c: &[&str]| -> Vec<String> {
@@ -307,7 +307,7 @@ mod random {
                 };
                 let equal = (0..2).all(|axis| effective(ca[axis]) == effective(cb[axis]));
                 let windows = [m, k].iter().enumerate().all(|(axis, &len)| {
-                    effective(cb[axis]) == if len == 1 { Vec::new() } else { effective(ca[axis]) }
+                    effective(cb[axis]) == effective(ca[axis]) || (len == 1 && effective(cb[axis]).is_empty())
                 });
                 let aligned = equal || windows;
                 let (xl, yl) = (format!("{:#}", x.placement()), format!("{:#}", y.placement()));

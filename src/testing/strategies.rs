@@ -189,10 +189,12 @@ impl PlacedCase {
         let flat = move |idx: &[usize]| idx.iter().zip(&strides).map(|(&x, &s)| x as u64 * s).sum::<u64>();
         let (term, terms) = (p.term(ctx.index())?, p.terms());
         let value = |x: f64| T::from_value(nx_kernels::Value::Float(x));
-        Tensor::from_fn(ctx, &self.shape, &p, |idx| match term {
+        // each term's window, built at the closed placement (the same windows)
+        let t = Tensor::from_fn(ctx, &self.shape, &p.closed(), |idx| match term {
             Some(t) => value(self.term(t, flat(idx), terms)),
             None => value(self.element(flat(idx))),
-        })
+        })?;
+        Tensor::from_local(ctx, &self.shape, &p, t.to_local().cloned())
     }
 }
 
