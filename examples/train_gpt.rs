@@ -6,10 +6,11 @@
 //! Runs on the simulated mesh by default (`cargo run --release --example train_gpt`), one rank per
 //! process under `mpirun -n 4` or `nx run -n 4` (built with `--features mpi`). Options:
 //! `--mesh dp=2,tp=2` (any mesh of 1–8 devices whose `tp` divides the heads), `--steps N`,
-//! `--seed N`, `--zero`, `--digits N`, `--layers N`, `--width N`, `--heads N`, `--batch N`,
+//! `--seed N`, `--zero`, `--bf16` (bf16 compute, f32 master weights and optimizer), `--micro N`
+//! (micro-batches a step, gradients accumulated), `--digits N`, `--layers N`, `--width N`, `--heads N`, `--batch N`,
 //! `--lr X`, `--no-reference`. It trains the same model on one device beside it (the same
 //! weights and batches) and exits non-zero where the two differ past the tolerance: the first 20
-//! steps' losses by more than 1e-3 relative (a wrong gradient shows at once), the final loss (the
+//! steps' losses by more than 1e-3 relative (3e-2 in bf16; a wrong gradient shows at once), the final loss (the
 //! mean of the last 20 steps) by more than a factor of 2 and more than 0.05, or the held-out accuracies by more than
 //! 10 points. Float sums in another order make two runs of hundreds of steps drift apart
 //! chaotically (measured: equal to 1e-6 for 35 steps, then apart), so the end agrees in kind, not
@@ -41,7 +42,11 @@ fn parse() -> Result<(Config, bool), String> {
                 i += 1;
                 continue;
             }
-            "--bf16" => return Err("--bf16: bf16 compute is not built yet (training runs in f32)".into()),
+            "--bf16" => {
+                cfg.bf16 = true;
+                i += 1;
+                continue;
+            }
             _ => {}
         }
         let val = args.get(i + 1).ok_or_else(|| format!("{} needs a value", args[i]))?;
@@ -61,10 +66,11 @@ fn parse() -> Result<(Config, bool), String> {
             "--width" => cfg.width = num(val, "--width")?,
             "--heads" => cfg.heads = num(val, "--heads")?,
             "--batch" => cfg.batch = num(val, "--batch")?,
+            "--micro" => cfg.micro = num(val, "--micro")?.max(1),
             "--lr" => cfg.lr = val.parse().map_err(|_| format!("--lr {val}: not a number"))?,
             other => {
                 return Err(format!(
-                    "unknown option {other} (--mesh dp=2,tp=2 --steps 600 --seed 1 --zero --digits 2 --layers 4 --width 128 --heads 4 --batch 32 --lr 0.003 --no-reference)"
+                    "unknown option {other} (--mesh dp=2,tp=2 --steps 800 --seed 1 --zero --bf16 --micro 1 --digits 2 --layers 4 --width 128 --heads 4 --batch 64 --lr 0.0006 --no-reference)"
                 ))
             }
         }
@@ -86,9 +92,9 @@ fn main() -> ExitCode {
         if ctx.rank() == 0 {
             let params = gpt_task::model(&cfg)?.config;
             println!(
-                "training a GPT ({} layers, {} heads, width {}, context {}) on {}-digit addition over dp={},tp={}{} ({} ranks, {} backend), {} steps of {} problems",
+                "training a GPT ({} layers, {} heads, width {}, context {}) on {}-digit addition over dp={},tp={}{}{} ({} ranks, {} backend), {} steps of {} problems",
                 params.layers, params.heads, params.width, params.context, cfg.digits, cfg.dp, cfg.tp,
-                if cfg.zero { " with ZeRO-1" } else { "" }, ctx.size(), ctx.backend(), cfg.steps, cfg.batch
+                if cfg.zero { " with ZeRO-1" } else { "" }, if cfg.bf16 { " in bf16" } else { "" }, ctx.size(), ctx.backend(), cfg.steps, cfg.batch
             );
         }
         let out = gpt_task::train(ctx, &cfg)?;
@@ -116,7 +122,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!("the same training on one device, for reference:");
-    let one = Config { dp: 1, tp: 1, zero: false, ..cfg.clone() };
+    let one = Config { dp: 1, tp: 1, zero: false, micro: 1, ..cfg.clone() };
     let local = nx::LaunchOptions { devices: Some(1), local: true, ..Default::default() };
     let reference = match nx::launch_with(&local, |ctx| gpt_task::train(ctx, &one)) {
         Ok(mut r) => r.remove(0),
@@ -135,7 +141,9 @@ fn main() -> ExitCode {
     };
     let (l, r) = (tail(&out), tail(&reference));
     let rel = (l - r).abs() / r.abs();
-    println!("first 20 steps' losses: largest relative difference {early:.1e} (tolerance 1e-3)");
+    // bf16 rounds each sum's terms to 8 bits: its runs agree to about 2⁻⁸ a step
+    let early_tol = if cfg.bf16 { 3e-2 } else { 1e-3 };
+    println!("first 20 steps' losses: largest relative difference {early:.1e} (tolerance {early_tol:.0e})");
     println!("final loss: {l:.6} (single-device reference: {r:.6}, relative difference {rel:.1e}; the mean of the last 20 steps, tolerance: a factor of 2 or 0.05)");
     println!(
         "held-out accuracy: {:.1}% (single-device reference: {:.1}%, tolerance 10 points)",
@@ -143,7 +151,7 @@ fn main() -> ExitCode {
         100.0 * reference.accuracy
     );
     // (a NaN fails every test)
-    let ok = early <= 1e-3
+    let ok = early <= early_tol
         && ((l <= 2.0 * r && r <= 2.0 * l) || (l - r).abs() <= 0.05)
         && (out.accuracy - reference.accuracy).abs() <= 0.10;
     if !ok {

@@ -249,6 +249,28 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         self.sum(axis)?.scale(1.0 / n.max(1) as f64)
     }
 
+    /// The value converted to `U` elementwise (nx's conversion rules: to `bf16`/`f16` round to
+    /// nearest even), at the same placement; a sum's terms are converted one by one.
+    ///
+    /// # Errors
+    /// Kernel refusals (none for numeric dtypes).
+    pub fn cast<U: Reducible>(&self) -> Result<Tensor<'d, U>> {
+        const FUNC: &str = "nx::Tensor::cast";
+        let local = match &self.local {
+            Some(a) => {
+                let dst = Array::<U>::uninit_on(self.ctx.rig(), a.shape())?;
+                let mut p = Prog::new(&[T::DTYPE]);
+                let l = p.load(0);
+                let c = p.cast(l, U::DTYPE);
+                p.output(c);
+                check(FUNC, self.ctx.host().map(&p, a.shape(), &[&dst], &[a]), &[a])?;
+                Some(dst)
+            }
+            None => None,
+        };
+        Ok(Tensor { ctx: self.ctx.clone(), shape: self.shape.clone(), placement: self.placement.clone(), local })
+    }
+
     /// `self + c` elementwise.
     ///
     /// # Errors

@@ -62,3 +62,25 @@ fn zero_one_matches_plain_data_parallelism() {
         compare(&zero, &plain, 1e-6, &format!("ZeRO-1 over dp={dp},tp={tp}"));
     }
 }
+
+#[test]
+fn micro_batches_accumulate_to_the_whole_batch() {
+    let whole = run(&small(2, 2, false));
+    let micro = run(&gpt_task::Config { micro: 3, ..small(2, 2, false) });
+    compare(&micro, &whole, 1e-5, "three micro-batches against one batch");
+}
+
+#[test]
+fn bf16_compute_with_f32_master_weights_trains_and_tracks_f32() {
+    let f32_run = run(&small(2, 2, false));
+    let bf16 = run(&gpt_task::Config { bf16: true, ..small(2, 2, false) });
+    assert!(bf16.losses.last() < bf16.losses.first(), "the loss falls: {:?}", bf16.losses);
+    for (i, (a, b)) in bf16.losses.iter().zip(&f32_run.losses).enumerate() {
+        assert!((a - b).abs() <= 2e-2 * b.abs(), "step {i}: bf16 loss {a} vs f32 {b}");
+    }
+    // and on one device alike (bf16 rounding of different sums: within its precision)
+    let one = run(&gpt_task::Config { bf16: true, ..small(1, 1, false) });
+    for (i, (a, b)) in bf16.losses.iter().zip(&one.losses).enumerate() {
+        assert!((a - b).abs() <= 2e-2 * b.abs(), "step {i}: bf16 on 2×2 {a} vs one device {b}");
+    }
+}

@@ -7,11 +7,11 @@
 
 use std::time::Instant;
 
-use nx::autodiff::Tape;
+use nx::autodiff::{Grads, Tape};
 use nx::nn::gpt::{Gpt, GptConfig};
 use nx::nn::{Layout, Params};
 use nx::optim::{warmup_cosine, AdamW, Zero};
-use nx::{Ctx, Placement, Result, Tensor};
+use nx::{Ctx, Result, Tensor};
 
 /// Tokens: digits 0–9, `+` and `=`.
 pub const VOCAB: usize = 12;
@@ -47,6 +47,10 @@ pub struct Config {
     pub eval: usize,
     /// Show progress (rank 0).
     pub verbose: bool,
+    /// Compute in bf16 (forward and backward), f32 master weights and optimizer.
+    pub bf16: bool,
+    /// Micro-batches a step (gradients accumulated).
+    pub micro: usize,
 }
 
 impl Default for Config {
@@ -65,6 +69,8 @@ impl Default for Config {
             lr: 6e-4,
             eval: 200,
             verbose: true,
+            bf16: false,
+            micro: 1,
         }
     }
 }
@@ -170,20 +176,6 @@ pub fn batch_host(cfg: &Config, step: usize) -> (Vec<i64>, Vec<i64>) {
     (ids, labels)
 }
 
-/// [`batch_host`] as tensors with the batch cut as `rows`.
-fn batch<'d>(
-    ctx: &Ctx<'d>,
-    cfg: &Config,
-    rows: &Placement<'d>,
-    step: usize,
-) -> Result<(Tensor<'d, i64>, Tensor<'d, i64>)> {
-    let (ids, labels) = batch_host(cfg, step);
-    let t = 3 * cfg.digits + 2;
-    let ids = Tensor::from_fn(ctx, &[cfg.batch, t], rows, |i| ids[i[0] * t + i[1]])?;
-    let labels = Tensor::from_fn(ctx, &[cfg.batch, t], rows, |i| labels[i[0] * t + i[1]])?;
-    Ok((ids, labels))
-}
-
 /// Trains on the mesh of `ctx` and answers the outcome (on every rank).
 pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
     let mesh = ctx.mesh(&[("dp", cfg.dp), ("tp", cfg.tp)])?;
@@ -205,12 +197,35 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
     let t = 3 * cfg.digits + 2;
     let start = Instant::now();
     for step in 0..cfg.steps {
-        let (ids, labels) = batch(ctx, cfg, &rows, step)?;
-        let tape = Tape::new();
-        let bound = params.bind(&tape);
-        let loss = gpt.loss(&bound, &layout, &ids, &labels)?;
-        let l = f64::from(loss.value().to_local().expect("copies on every rank").to_vec()?[0]);
-        let grads = tape.backward(&loss)?;
+        let (ids, labels) = batch_host(cfg, step);
+        // micro-batches of consecutive rows, each loss weighted by its share of the rows (every
+        // row has as many answer tokens), their gradients accumulated
+        let micro = cfg.micro.clamp(1, cfg.batch.max(1));
+        let mut grads: Option<Grads<'_, f32>> = None;
+        let mut l = 0.0;
+        for k in 0..micro {
+            let (r0, r1) = (k * cfg.batch / micro, (k + 1) * cfg.batch / micro);
+            let n = r1 - r0;
+            let ids = Tensor::from_fn(ctx, &[n, t], &rows, |i| ids[(r0 + i[0]) * t + i[1]])?;
+            let labels = Tensor::from_fn(ctx, &[n, t], &rows, |i| labels[(r0 + i[0]) * t + i[1]])?;
+            let w = n as f64 / cfg.batch as f64;
+            let g = if cfg.bf16 {
+                let tape = Tape::<half::bf16>::new();
+                let loss = gpt.loss(&params.bind_as(&tape)?, &layout, &ids, &labels)?.scale(w)?;
+                l += f64::from(loss.value().to_local().expect("copies on every rank").to_vec()?[0]);
+                tape.backward(&loss)?.cast::<f32>()?
+            } else {
+                let tape = Tape::new();
+                let loss = gpt.loss(&params.bind(&tape), &layout, &ids, &labels)?.scale(w)?;
+                l += f64::from(loss.value().to_local().expect("copies on every rank").to_vec()?[0]);
+                tape.backward(&loss)?
+            };
+            match &mut grads {
+                None => grads = Some(g),
+                Some(all) => all.accumulate(g)?,
+            }
+        }
+        let grads = grads.expect("at least one micro-batch");
         let lr = warmup_cosine(step, cfg.steps / 20 + 1, cfg.steps, cfg.lr, cfg.lr / 10.0);
         opt.step(&mut params, &grads, lr)?;
         losses.push(l);

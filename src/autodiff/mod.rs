@@ -328,6 +328,16 @@ impl<'d, T: Reducible> Grads<'d, T> {
         Ok(())
     }
 
+    /// The named gradients converted to `U` (mixed precision: `bf16` gradients for `f32` master
+    /// weights).
+    ///
+    /// # Errors
+    /// Kernel refusals of the conversion.
+    pub fn cast<U: Reducible>(&self) -> Result<Grads<'d, U>> {
+        let names = self.names.iter().map(|(n, g)| Ok((n.clone(), g.cast::<U>()?))).collect::<Result<_>>()?;
+        Ok(Grads { ids: HashMap::new(), names })
+    }
+
     /// Replaces the gradient of `name` (after clipping, or placing).
     pub fn set(&mut self, name: &str, g: Tensor<'d, T>) {
         self.names.insert(name.to_string(), g);

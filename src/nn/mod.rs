@@ -95,6 +95,18 @@ impl<'d, T: Reducible> Params<'d, T> {
     pub fn bind(&self, tape: &Tape<'d, T>) -> Bound<'d, T> {
         Bound { vars: self.list.iter().map(|(n, t)| (n.clone(), tape.param(n, t.clone()))).collect() }
     }
+
+    /// Every parameter converted to `U` as a named leaf of `tape`: mixed precision, these the
+    /// master weights and the tape computing in `U` (their gradients in `U`, converted back by
+    /// [`crate::autodiff::Grads::cast`]).
+    ///
+    /// # Errors
+    /// Kernel refusals of the conversion.
+    pub fn bind_as<U: Reducible>(&self, tape: &Tape<'d, U>) -> Result<Bound<'d, U>> {
+        let vars =
+            self.list.iter().map(|(n, t)| Ok((n.clone(), tape.param(n, t.cast::<U>()?)))).collect::<Result<_>>()?;
+        Ok(Bound { vars })
+    }
 }
 
 /// Parameters bound to a tape, by name.

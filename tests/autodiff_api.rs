@@ -1,0 +1,154 @@
+//! The tape's services: `no_grad`, `detach`, accumulation over backward calls, freeing, errors;
+//! dropout's mask (the same on every mesh); the optimizers against hand-computed updates.
+
+use nx::autodiff::{Dropout, Tape};
+use nx::nn::Params;
+use nx::optim::{warmup_cosine, AdamW, Sgd, Zero};
+use nx::{launch_with, LaunchOptions, Placement, Tensor};
+
+fn opts(n: usize) -> LaunchOptions {
+    LaunchOptions { devices: Some(n), ..Default::default() }
+}
+
+#[test]
+fn no_grad_detach_accumulation_and_freeing() {
+    launch_with(&opts(2), |ctx| {
+        let rows = Placement::split(0, ctx.devices())?;
+        let tape = Tape::new();
+        let x = tape.param("x", Tensor::<f64>::from_fn(ctx, &[3], &rows, |i| i[0] as f64 + 1.0)?);
+        // y = x² summed: dy/dx = 2x; a detached factor is a constant
+        let y = x.square()?.sum_all()?;
+        let z = x.mul(&x.detach())?.sum_all()?; // d/dx = x (the detached copy has no gradient)
+        let inside = tape.no_grad(|| x.square())?;
+        assert!(!inside.requires_grad(), "no_grad records nothing");
+        let before = tape.len();
+        let _ = tape.no_grad(|| x.tanh()?.sum_all())?;
+        assert_eq!(tape.len(), before, "no_grad adds no node");
+        let mut g = tape.backward(&y)?;
+        assert_eq!(g.named("x").unwrap().full()?.to_vec()?, [2.0, 4.0, 6.0]);
+        let gz = tape.backward(&z)?;
+        assert_eq!(gz.named("x").unwrap().full()?.to_vec()?, [1.0, 2.0, 3.0]);
+        g.accumulate(gz)?;
+        assert_eq!(g.named("x").unwrap().full()?.to_vec()?, [3.0, 6.0, 9.0]);
+        // the ops of y were freed by its backward
+        let e = tape.backward(&y).unwrap_err().to_string();
+        assert!(e.contains("freed by an earlier backward"), "{e}");
+        // a constant loss
+        let c = tape.constant(Tensor::<f64>::zeros(ctx, &[], &Placement::on(ctx.devices()))?);
+        let e = tape.backward(&c).unwrap_err().to_string();
+        assert!(e.contains("depends on no leaf"), "{e}");
+        // a loss of another tape
+        let other = Tape::new();
+        let w = other.leaf(Tensor::<f64>::zeros(ctx, &[3], &rows)?);
+        let e = tape.backward(&w.sum_all()?).unwrap_err().to_string();
+        assert!(e.contains("another tape"), "{e}");
+        let e = x.add(&w).unwrap_err().to_string();
+        assert!(e.contains("different tapes"), "{e}");
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn dropout_masks_are_the_same_on_every_mesh_and_placement() {
+    let run = |n: usize| {
+        launch_with(&opts(n), |ctx| {
+            let m = ctx.mesh(&[("a", n)])?;
+            let tape = Tape::new();
+            let x = tape.leaf(Tensor::<f64>::from_fn(ctx, &[5, 9], &Placement::mesh(&m, &[(1, &["a"])])?, |_| 1.0)?);
+            let y = x.dropout(Dropout { p: 0.5, seed: 7 })?;
+            let g = tape.backward(&y.sum_all()?)?;
+            Ok((y.value().full()?.to_vec()?, g.of(&x).unwrap().full()?.to_vec()?))
+        })
+        .unwrap()
+        .remove(0)
+    };
+    let (one, g1) = run(1);
+    // kept elements scaled by 2, dropped ones 0; the gradient is the mask
+    assert!(one.iter().all(|&v| v == 0.0 || v == 2.0));
+    let kept = one.iter().filter(|&&v| v == 2.0).count();
+    assert!((10..=35).contains(&kept), "{kept} of 45 kept");
+    assert_eq!(one, g1);
+    for n in [2, 3, 4] {
+        assert_eq!(run(n), (one.clone(), g1.clone()), "{n} devices");
+    }
+}
+
+/// The gradients of `Σ_rows 0.25 · Σ w²` (= Σ w²) with the rows cut over `dp`.
+fn grads_of<'d>(ctx: &nx::Ctx<'d>, m: &nx::Mesh<'d>, p: &Params<'d, f64>) -> nx::Result<nx::autodiff::Grads<'d, f64>> {
+    let tape = Tape::new();
+    let b = p.bind(&tape);
+    let w = b.get("w")?;
+    let quarter = tape.constant(Tensor::<f64>::from_fn(ctx, &[4, 2], &Placement::mesh(m, &[(0, &["dp"])])?, |_| 0.25)?);
+    let loss = quarter.matmul(&w.square()?)?.sum_all()?;
+    tape.backward(&loss)
+}
+
+#[test]
+fn sgd_and_adamw_steps_by_hand() {
+    launch_with(&opts(4), |ctx| {
+        let m = ctx.mesh(&[("dp", 2), ("tp", 2)])?;
+        let cut = Placement::mesh(&m, &[(1, &["tp"])])?;
+        let w0: Vec<f64> = (0..6).map(|i| i as f64 - 2.5).collect();
+        let mk = || -> nx::Result<Params<'_, f64>> {
+            let mut p = Params::new();
+            p.insert("w", Tensor::<f64>::from_fn(ctx, &[2, 3], &cut, |i| w0[i[0] * 3 + i[1]])?)?;
+            Ok(p)
+        };
+        // loss = Σ w² · c over rows cut over dp (a gradient that is a sum over dp): dL/dw = 2cw
+        // SGD with momentum 0.9, two steps: b₁ = g₁, b₂ = 0.9 b₁ + g₂
+        let mut p = mk()?;
+        let mut sgd = Sgd::new(0.9);
+        let g = grads_of(ctx, &m, &p)?;
+        sgd.step(&mut p, &g, 0.1)?;
+        let g = grads_of(ctx, &m, &p)?;
+        sgd.step(&mut p, &g, 0.1)?;
+        let got = p.get("w").unwrap().full()?.to_vec()?;
+        for (i, &w) in w0.iter().enumerate() {
+            let g1 = 2.0 * w;
+            let w1 = w - 0.1 * g1;
+            let b2 = 0.9 * g1 + 2.0 * w1;
+            let w2 = w1 - 0.1 * b2;
+            assert!((got[i] - w2).abs() < 1e-12, "sgd {i}: {} vs {w2}", got[i]);
+        }
+        // AdamW, one step, no clipping: m̂ = g, v̂ = g², w − lr·(g/(|g| + eps) + wd·w)
+        for zero in [None, Some(Zero { axis: "dp".into() })] {
+            let mut p = mk()?;
+            let mut adam = AdamW::new();
+            adam.clip = None;
+            adam.zero = zero.clone();
+            let g = grads_of(ctx, &m, &p)?;
+            let norm = adam.step(&mut p, &g, 0.01)?;
+            let want_norm = w0.iter().map(|w| (2.0 * w) * (2.0 * w)).sum::<f64>().sqrt();
+            assert!((norm - want_norm).abs() < 1e-12 * want_norm, "the gradient's global norm {norm} vs {want_norm}");
+            let got = p.get("w").unwrap().full()?.to_vec()?;
+            for (i, &w) in w0.iter().enumerate() {
+                let g = 2.0 * w;
+                let want = w - 0.01 * (g / (g.abs() + 1e-8) + 0.1 * w);
+                assert!((got[i] - want).abs() < 1e-12, "adamw {zero:?} {i}: {} vs {want}", got[i]);
+            }
+            assert!(p.get("w").unwrap().placement().equal(&cut), "the parameter keeps its placement");
+            let (m1, _) = adam.state("w").unwrap();
+            let shard_cut = zero.is_some();
+            assert_eq!(!m1.placement().equal(&cut), shard_cut, "ZeRO keeps the state cut over dp: {}", m1.placement());
+        }
+        // clipping to 1: the update uses g/‖g‖
+        let mut p = mk()?;
+        let mut sgd = Sgd::new(0.0);
+        sgd.clip = Some(1.0);
+        let g = grads_of(ctx, &m, &p)?;
+        let norm = sgd.step(&mut p, &g, 1.0)?;
+        let got = p.get("w").unwrap().full()?.to_vec()?;
+        for (i, &w) in w0.iter().enumerate() {
+            let want = w - 2.0 * w / (norm + 1e-6);
+            assert!((got[i] - want).abs() < 1e-12, "clipped {i}: {} vs {want}", got[i]);
+        }
+        Ok(())
+    })
+    .unwrap();
+    // the schedule: warmup to the peak, cosine to the floor
+    assert_eq!(warmup_cosine(0, 10, 100, 1.0, 0.1), 0.1);
+    assert_eq!(warmup_cosine(9, 10, 100, 1.0, 0.1), 1.0);
+    assert!((warmup_cosine(55, 10, 100, 1.0, 0.1) - 0.55).abs() < 1e-12);
+    assert_eq!(warmup_cosine(100, 10, 100, 1.0, 0.1), 0.1);
+}
