@@ -18,6 +18,8 @@ use nx_kernels::prog::{Prog, UnOp};
 use nx_kernels::{Array, Attention, Dtype, Kernels, Kv, Move, Operand, Reduction, Scatter};
 
 use crate::tensor::{check, err, parts, rebuild, window_shape};
+use nx_placement::rules;
+
 use crate::{Placement, PlacementSpec, Result, Tensor};
 
 /// A placement's cuts of `axis`, as mesh axis names (empty where it is whole).
@@ -188,51 +190,9 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         self.gather(axis, index)
     }
 
-    /// The placement of a gather of `self` along `axis` by `index`: `self`'s cuts and sums on its
-    /// other axes, `index`'s cuts on the axes that replace `axis`.
+    /// The placement of a gather of `self` along `axis` by `index` ([`rules::gather`]).
     fn combined(&self, func: &'static str, axis: usize, index: &Tensor<'d, i64>) -> Result<Placement<'d>> {
-        let ir = index.shape.len();
-        let on_index = matches!(index.placement.spec(), PlacementSpec::On);
-        if !on_index && self.placement.mesh_of().spec() != index.placement.mesh_of().spec() {
-            return Err(err(
-                func,
-                format!(
-                    "the value at {} and the index at {} are over different meshes",
-                    self.placement, index.placement
-                ),
-            ));
-        }
-        if matches!(self.placement.spec(), PlacementSpec::Device(_))
-            || matches!(index.placement.spec(), PlacementSpec::Device(_))
-        {
-            return Err(err(func, "a value on one device: place it over the mesh first".into()));
-        }
-        let (cuts, sums) = parts(func, &self.placement)?;
-        let (icuts, _) = parts(func, &index.placement)?;
-        let mut out: Vec<(usize, Vec<String>)> = Vec::new();
-        for (a, names) in cuts {
-            out.push((if a < axis { a } else { a + ir - 1 }, names));
-        }
-        for (j, names) in icuts {
-            out.push((axis + j, names));
-        }
-        let mut seen: Vec<&String> = sums.iter().collect();
-        for (_, names) in &out {
-            for n in names {
-                if seen.contains(&n) {
-                    return Err(err(
-                        func,
-                        format!(
-                            "mesh axis {n} would cut two axes: the value at {}, the index at {}",
-                            self.placement, index.placement
-                        ),
-                    ));
-                }
-                seen.push(n);
-            }
-        }
-        out.sort_by_key(|c| c.0);
-        rebuild(&self.placement, &sums, &out)
+        Ok(rules::gather(func, &self.placement, axis, &index.placement, index.shape.len())?)
     }
 
     /// `n` rows along `axis`, zeros, to which each row `t` of `self` along `axis` is added at

@@ -353,37 +353,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         let others: Vec<&Tensor<'d, T>> = moved.iter().collect();
         let others = &others[..];
         for o in others {
-            if !o.placement.equal(&self.placement) || o.shape != self.shape {
-                // a broadcast operand: its windows must be the result's on its own axes
-                let ok = o.placement.devices().same_list(self.placement.devices())
-                    && o.shape.len() <= self.shape.len()
-                    && (0..self.placement.devices().len()).all(|d| {
-                        let (mine, theirs) = (self.placement.window(&self.shape, d), o.placement.window(&o.shape, d));
-                        match (mine, theirs) {
-                            (Ok(Some(m)), Ok(Some(t))) => {
-                                let lead = m.len() - t.len();
-                                t.iter().enumerate().all(|(i, r)| {
-                                    // an axis of one element broadcasts, or matches where it is cut alike
-                                    (o.shape[i] == 1 && *r == (0..1))
-                                        || (*r == m[lead + i] && o.shape[i] == self.shape[lead + i])
-                                })
-                            }
-                            (Ok(None), Ok(None)) => true,
-                            _ => false,
-                        }
-                    })
-                    && o.placement.is_partial() == self.placement.is_partial()
-                    && !o.placement.is_partial();
-                if !ok {
-                    return Err(err(
-                        func,
-                        format!(
-                            "operands placed differently: {:?} at {:#} and {:?} at {:#}; place one of them first",
-                            self.shape, self.placement, o.shape, o.placement
-                        ),
-                    ));
-                }
-            }
+            rules::elementwise(func, &self.placement, &self.shape, &o.placement, &o.shape)?;
         }
         if !linear && (self.placement.is_partial() || others.iter().any(|o| o.placement.is_partial())) {
             return Err(err(

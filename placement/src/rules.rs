@@ -7,6 +7,8 @@
 //!
 //! | rule | result |
 //! |---|---|
+//! | [`elementwise`] | the first operand's placement, where each other operand's windows are its own (or whole along an axis of one element, which broadcasts) |
+//! | [`gather`] | the value's cuts and sums on its other axes, the index's cuts on the axes replacing the gathered one |
 //! | [`contract`] | each result axis cut as its operand cuts it; contracting pairs cut alike on both sides make the result a sum over their mesh axes |
 //! | [`reduce`] | the reduced axes removed; the mesh axes that cut them become sums |
 //! | [`permute`] | the cuts follow their axes |
@@ -287,4 +289,88 @@ pub fn reshape<'d>(func: &'static str, p: &Placement<'d>, from: &[usize], to: &[
         }
     }
     Ok(q)
+}
+
+/// Checks that `b` (shape `sb`) can take part in an elementwise op whose result is `a`'s (shape
+/// `sa`, numpy's broadcasting: `sb` aligned to the trailing axes): equal placements of one shape,
+/// or, on every device, `b`'s window is `a`'s on each aligned axis — or the whole of an axis of
+/// one element, which broadcasts —, neither operand a sum, or both sums alike.
+///
+/// # Errors
+/// [`Error::Rule`] naming both placements where a device's windows differ.
+pub fn elementwise(func: &'static str, a: &Placement<'_>, sa: &[usize], b: &Placement<'_>, sb: &[usize]) -> Result<()> {
+    if a.equal(b) && sa == sb {
+        return Ok(());
+    }
+    let fits = b.devices().same_list(a.devices())
+        && sb.len() <= sa.len()
+        && !a.is_partial()
+        && !b.is_partial()
+        && (0..a.devices().len()).all(|d| match (a.window(sa, d), b.window(sb, d)) {
+            (Ok(Some(m)), Ok(Some(t))) => {
+                let lead = m.len() - t.len();
+                t.iter()
+                    .enumerate()
+                    .all(|(i, r)| (sb[i] == 1 && *r == (0..1)) || (*r == m[lead + i] && sb[i] == sa[lead + i]))
+            }
+            (Ok(None), Ok(None)) => true,
+            _ => false,
+        });
+    if fits {
+        Ok(())
+    } else {
+        Err(Error::Rule {
+            func,
+            why: format!("operands placed differently: {sa:?} at {a:#} and {sb:?} at {b:#}; place one of them first"),
+        })
+    }
+}
+
+/// The placement of a gather of a value at `p` along `axis` by an index of rank `index_rank` at
+/// `ip`: the value's cuts (shifted past the index's axes) and sums, the index's cuts on the axes
+/// that replace `axis`.
+///
+/// # Errors
+/// [`Error::Rule`] for operands over different meshes (an index at `on` fits any), a value or
+/// index on one device, or a mesh axis that would cut two axes of the result.
+pub fn gather<'d>(
+    func: &'static str,
+    p: &Placement<'d>,
+    axis: usize,
+    ip: &Placement<'_>,
+    index_rank: usize,
+) -> Result<Placement<'d>> {
+    let on_index = matches!(ip.spec(), PlacementSpec::On);
+    if !on_index && p.mesh_of().spec() != ip.mesh_of().spec() {
+        return Err(Error::Rule {
+            func,
+            why: format!("the value at {p} and the index at {ip} are over different meshes"),
+        });
+    }
+    if matches!(p.spec(), PlacementSpec::Device(_)) || matches!(ip.spec(), PlacementSpec::Device(_)) {
+        return Err(Error::Rule { func, why: "a value on one device: place it over the mesh first".into() });
+    }
+    let pp = parts(func, p)?;
+    let ipp = parts(func, ip)?;
+    let mut out: Vec<(usize, Vec<String>)> = Vec::new();
+    for (a, names) in pp.cuts {
+        out.push((if a < axis { a } else { a + index_rank - 1 }, names));
+    }
+    for (j, names) in ipp.cuts {
+        out.push((axis + j, names));
+    }
+    let mut seen: Vec<&String> = pp.sums.iter().collect();
+    for (_, names) in &out {
+        for n in names {
+            if seen.contains(&n) {
+                return Err(Error::Rule {
+                    func,
+                    why: format!("mesh axis {n} would cut two axes: the value at {p}, the index at {ip}"),
+                });
+            }
+            seen.push(n);
+        }
+    }
+    out.sort_by_key(|c| c.0);
+    rebuild(p, &Parts { cuts: out, sums: pp.sums })
 }
