@@ -34,7 +34,7 @@ mod tensor;
 pub mod testing;
 
 pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};
-pub use tensor::{from_f64, normal, uniform, Tensor};
+pub use tensor::{from_f64, normal, splitmix64, uniform, Tensor};
 
 pub use nx_collectives as collectives;
 pub use nx_kernels as kernels;

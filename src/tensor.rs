@@ -565,11 +565,13 @@ pub(crate) fn check(func: &'static str, a: Answer, ops: &[&dyn nx_kernels::Opera
 
 /// The uniform sample in [0, 1) [`Tensor::rand`] puts at flat index `index` for `seed`.
 pub fn uniform(seed: u64, index: u64) -> f64 {
-    let z = splitmix(seed ^ splitmix(index));
+    let z = splitmix64(seed ^ splitmix64(index));
     (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
-fn splitmix(mut z: u64) -> u64 {
+/// The splitmix64 finaliser: a well-mixed 64-bit hash of `z` (the generator behind
+/// [`uniform`] and [`normal`]).
+pub fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -580,8 +582,8 @@ fn splitmix(mut z: u64) -> u64 {
 /// splitmix64 draws through Box–Muller. Public so that a single-device reference can rebuild the
 /// same values.
 pub fn normal(seed: u64, index: u64) -> f64 {
-    let a = splitmix(seed ^ splitmix(index.wrapping_mul(2)));
-    let b = splitmix(seed ^ splitmix(index.wrapping_mul(2) + 1));
+    let a = splitmix64(seed ^ splitmix64(index.wrapping_mul(2)));
+    let b = splitmix64(seed ^ splitmix64(index.wrapping_mul(2) + 1));
     let u1 = ((a >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
     let u2 = (b >> 11) as f64 / (1u64 << 53) as f64;
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()

@@ -88,16 +88,9 @@ pub struct Outcome {
     pub params: Vec<(String, Vec<f32>)>,
 }
 
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Whether the pair (a, b) is held out (a tenth of all pairs, by hash).
 pub fn held_out(a: u64, b: u64) -> bool {
-    splitmix(a.wrapping_mul(1_000_003) ^ b ^ 0xA5A5) % 10 == 0
+    nx::splitmix64(a.wrapping_mul(1_000_003) ^ b ^ 0xA5A5) % 10 == 0
 }
 
 /// The tokens of `a+b=` and the reversed sum, `3·digits + 3` of them.
@@ -125,7 +118,7 @@ pub fn train_pair(seed: u64, step: usize, i: usize, digits: usize) -> (u64, u64)
     let n = 10u64.pow(digits as u32);
     let mut k = 0u64;
     loop {
-        let h = splitmix(seed ^ splitmix((step as u64) << 20 ^ (i as u64) << 4 ^ k));
+        let h = nx::splitmix64(seed ^ nx::splitmix64((step as u64) << 20 ^ (i as u64) << 4 ^ k));
         let (a, b) = (h % n, (h >> 32) % n);
         if !held_out(a, b) {
             return (a, b);
@@ -140,7 +133,7 @@ pub fn eval_pairs(count: usize, digits: usize) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut k = 0u64;
     while out.len() < count && k < 64 * n * n {
-        let h = splitmix(0xE7A1 ^ k);
+        let h = nx::splitmix64(0xE7A1 ^ k);
         let (a, b) = (h % n, (h >> 32) % n);
         if held_out(a, b) && !out.contains(&(a, b)) {
             out.push((a, b));

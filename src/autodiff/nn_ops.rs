@@ -32,6 +32,11 @@ fn to_f64<T: Reducible>(x: T) -> f64 {
     }
 }
 
+/// This rank's whole window of a value with copies, as `f64`s.
+fn local_f64<T: Reducible>(t: &Tensor<'_, T>) -> Result<Vec<f64>> {
+    Ok(t.local.as_ref().map(|a| a.to_vec()).transpose()?.unwrap_or_default().into_iter().map(to_f64).collect())
+}
+
 /// The mesh-axis names cutting `axis` of `p` (empty where whole).
 fn cut_names(func: &'static str, p: &Placement<'_>, axis: usize) -> Result<Vec<String>> {
     Ok(rules::parts(func, p)?.cut_of(axis))
@@ -44,23 +49,100 @@ fn window_start<T: Reducible>(t: &Tensor<'_, T>, axis: usize) -> Result<usize> {
 
 impl<'d, T: Reducible> Var<'d, T> {
     /// Layer normalisation over the last axis (whole on the placement):
-    /// `(x − mean)/√(var + eps) · gamma + beta`, `var` the biased variance; composed of
-    /// differentiable ops.
+    /// `(x − mean)/√(var + eps) · gamma + beta`, `var` the biased variance, each row's moments
+    /// in `f64` (two passes). One fused op forward and backward: `dx = rstd·(dx̂ − mean(dx̂) −
+    /// x̂·mean(dx̂·x̂))` with `dx̂ = dy·gamma`; `dgamma = Σ dy·x̂` and `dbeta = Σ dy` over each rank's
+    /// rows, in row order, a sum over the mesh axes that cut the rows.
     ///
     /// # Errors
-    /// A last axis cut; a partial value; `gamma`/`beta` not of the last axis's extent.
+    /// A scalar; a last axis cut; a partial value; `gamma`/`beta` not `[d]` with copies.
     pub fn layer_norm(&self, gamma: &Var<'d, T>, beta: &Var<'d, T>, eps: f64) -> Result<Self> {
-        let r = self.shape().len();
+        const FUNC: &str = "nx::autodiff::Var::layer_norm";
+        let x = &self.value;
+        let r = x.shape.len();
         if r == 0 {
-            return Err(err("nx::autodiff::Var::layer_norm", "a scalar has no axis to normalise".into()));
+            return Err(err(FUNC, "a scalar has no axis to normalise".into()));
         }
-        self.value.whole("nx::autodiff::Var::layer_norm", r - 1, false)?;
-        let ks = keep(&self.shape()[..r - 1], r - 1);
-        let mu = self.mean(r - 1)?.reshape(&ks)?;
-        let xc = self.sub(&mu)?;
-        let var = xc.square()?.mean(r - 1)?.reshape(&ks)?;
-        let rstd = var.add_scalar(eps)?.rsqrt()?;
-        xc.mul(&rstd)?.mul(gamma)?.add(beta)
+        x.whole(FUNC, r - 1, false)?;
+        rules::parts(FUNC, &x.placement)?;
+        let d = x.shape[r - 1];
+        for (what, p) in [("gamma", &gamma.value), ("beta", &beta.value)] {
+            if p.shape != [d] || p.placement.is_partial() || !rules::parts(FUNC, &p.placement)?.cuts.is_empty() {
+                return Err(err(FUNC, format!("{what} is {:?} at {}: needs [{d}] with copies", p.shape, p.placement)));
+            }
+        }
+        let (gv, bv) = (local_f64(&gamma.value)?, local_f64(&beta.value)?);
+        // x̂ and 1/σ of each row, kept for the backward
+        let (xhat, rstd, local) = match &x.local {
+            Some(a) => {
+                let xv: Vec<f64> = a.to_vec()?.into_iter().map(to_f64).collect();
+                let rows = if d == 0 { 0 } else { xv.len() / d };
+                let (mut xhat, mut rstd) = (vec![0.0; xv.len()], vec![0.0; rows]);
+                let mut out = Vec::with_capacity(xv.len());
+                for i in 0..rows {
+                    let row = &xv[i * d..(i + 1) * d];
+                    let mu = row.iter().sum::<f64>() / d as f64;
+                    let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / d as f64;
+                    let s = 1.0 / (var + eps).sqrt();
+                    rstd[i] = s;
+                    for j in 0..d {
+                        let h = (row[j] - mu) * s;
+                        xhat[i * d + j] = h;
+                        out.push(crate::from_f64::<T>(h * gv[j] + bv[j]));
+                    }
+                }
+                (xhat, rstd, Some(Array::from_vec_on(x.ctx.rig(), a.shape(), out)?))
+            }
+            None => (Vec::new(), Vec::new(), None),
+        };
+        let out = x.with_local(x.placement.clone(), x.shape.clone(), local);
+        let xc = x.clone();
+        Ok(self.tape.record(out, &[self, gamma, beta], move |g| {
+            let g = fit(g, &xc.placement)?;
+            let rows = rstd.len();
+            let mut dg = vec![0.0; d];
+            let mut db = vec![0.0; d];
+            let local = match &g.local {
+                Some(a) => {
+                    let dy: Vec<f64> = a.to_vec()?.into_iter().map(to_f64).collect();
+                    let mut dx = Vec::with_capacity(dy.len());
+                    let mut dh = vec![0.0; d];
+                    for i in 0..rows {
+                        let (dyr, hr) = (&dy[i * d..(i + 1) * d], &xhat[i * d..(i + 1) * d]);
+                        let (mut m1, mut m2) = (0.0, 0.0);
+                        for j in 0..d {
+                            dh[j] = dyr[j] * gv[j];
+                            m1 += dh[j];
+                            m2 += dh[j] * hr[j];
+                            dg[j] += dyr[j] * hr[j];
+                            db[j] += dyr[j];
+                        }
+                        let (m1, m2) = (m1 / d as f64, m2 / d as f64);
+                        for j in 0..d {
+                            dx.push(crate::from_f64::<T>(rstd[i] * (dh[j] - m1 - hr[j] * m2)));
+                        }
+                    }
+                    Some(Array::from_vec_on(xc.ctx.rig(), a.shape(), dx)?)
+                }
+                None => None,
+            };
+            let gx = xc.with_local(xc.placement.clone(), xc.shape.clone(), local);
+            // the parameters' gradients: each rank's rows, a sum over the mesh axes cutting them
+            let lead: Vec<usize> = (0..r - 1).collect();
+            let rows_p = rules::reduce(FUNC, &xc.placement, &lead)?;
+            let pp = rules::parts(FUNC, &rows_p)?;
+            let at = rules::rebuild(&xc.placement, &rules::Parts { cuts: Vec::new(), sums: pp.sums })?;
+            let held = xc.local.is_some();
+            let vec_of = |v: Vec<f64>| -> Result<Tensor<'d, T>> {
+                let a = if held {
+                    Some(Array::from_vec_on(xc.ctx.rig(), &[d], v.into_iter().map(crate::from_f64::<T>).collect())?)
+                } else {
+                    Some(Array::zeros_on(xc.ctx.rig(), &[d])?)
+                };
+                Tensor::from_local(&xc.ctx, &[d], &at, a)
+            };
+            Ok(vec![Some(gx), Some(vec_of(dg)?), Some(vec_of(db)?)])
+        }))
     }
 
     /// RMS normalisation over the last axis: `x/√(mean(x²) + eps) · gamma`.

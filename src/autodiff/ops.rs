@@ -188,46 +188,43 @@ impl<'d, T: Reducible> Var<'d, T> {
     }
 
     /// GELU, tanh form (GPT-2's and `torch`'s `approximate="tanh"`):
-    /// `x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    /// `x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))`, evaluated as `x·σ(2u)` (the same function:
+    /// `(1 + tanh u)/2 = σ(2u)`; an exponential is cheaper than a hyperbolic tangent here).
     ///
     /// # Errors
     /// A partial value.
     pub fn gelu(&self) -> Result<Self> {
         const K: f64 = 0.797_884_560_802_865_4; // √(2/π)
         const C: f64 = 0.044_715;
-        let inner = |p: &mut Prog, x: V| {
-            let (k, c) = (p.float(K), p.float(C));
+        // σ(2u) of x
+        let gate = |p: &mut Prog, x: V| {
+            let (k2, c) = (p.float(2.0 * K), p.float(C));
             let x2 = p.mul(x, x);
-            let x3 = p.mul(x2, x);
-            let t = p.mul(c, x3);
-            let s = p.add(x, t);
-            let u = p.mul(k, s);
-            p.unary(UnOp::Tanh, u)
+            let t = p.mul(c, x2);
+            let one = p.float(1.0);
+            let t = p.add(one, t);
+            let s = p.mul(x, t);
+            let u2 = p.mul(k2, s);
+            p.unary(UnOp::Sigmoid, u2)
         };
         self.pointwise(
             move |p, x| {
-                let t = inner(p, x);
-                let (half, one) = (p.float(0.5), p.float(1.0));
-                let s = p.add(one, t);
-                let h = p.mul(half, x);
-                p.mul(h, s)
+                let s = gate(p, x);
+                p.mul(x, s)
             },
             move |p, x, _| {
-                let t = inner(p, x);
-                let (half, one, k3) = (p.float(0.5), p.float(1.0), p.float(3.0 * C));
-                let k = p.float(K);
-                let a = p.add(one, t);
-                let a = p.mul(half, a);
-                let t2 = p.mul(t, t);
-                let sech2 = p.sub(one, t2);
+                // σ + x·σ(1 − σ)·2u′, u′ = √(2/π)(1 + 3c·x²)
+                let s = gate(p, x);
+                let (one, k2, c3) = (p.float(1.0), p.float(2.0 * K), p.float(3.0 * C));
+                let m = p.sub(one, s);
                 let x2 = p.mul(x, x);
-                let q = p.mul(k3, x2);
+                let q = p.mul(c3, x2);
                 let q = p.add(one, q);
-                let du = p.mul(k, q);
-                let b = p.mul(half, x);
-                let b = p.mul(b, sech2);
+                let du = p.mul(k2, q);
+                let b = p.mul(x, s);
+                let b = p.mul(b, m);
                 let b = p.mul(b, du);
-                p.add(a, b)
+                p.add(s, b)
             },
         )
     }
