@@ -76,6 +76,12 @@ fn closed<'d, T: Reducible>(
     let mut sq = 0.0;
     for (name, w) in params.iter() {
         let Some(g) = grads.named(name) else { continue };
+        if w.placement().is_partial() {
+            return Err(err(
+                "nx::optim",
+                format!("parameter {name} is a sum of terms ({}): keep parameters closed", w.placement()),
+            ));
+        }
         let at = target(zero, w)?;
         let g = if g.placement().equal(&at) { g.clone() } else { g.place(&at)? };
         let mut s = g.mul(&g)?;
@@ -129,8 +135,18 @@ pub struct AdamW<'d, T: Reducible> {
     pub clip: Option<f64>,
     /// ZeRO-1, if set.
     pub zero: Option<Zero>,
-    steps: u64,
-    state: HashMap<String, (Tensor<'d, T>, Tensor<'d, T>)>,
+    state: HashMap<String, Moments<'d, T>>,
+}
+
+/// A parameter's AdamW state: its first and second moments and its number of updates.
+#[derive(Debug, Clone)]
+pub struct Moments<'d, T: Reducible> {
+    /// The first moment, placed as the update runs (the parameter's placement, or its shard).
+    pub m: Tensor<'d, T>,
+    /// The second moment.
+    pub v: Tensor<'d, T>,
+    /// Updates so far (each parameter's own: one skipped for want of a gradient is not counted).
+    pub steps: u64,
 }
 
 impl<'d, T: Reducible> AdamW<'d, T> {
@@ -143,31 +159,30 @@ impl<'d, T: Reducible> AdamW<'d, T> {
             weight_decay: 0.1,
             clip: Some(1.0),
             zero: None,
-            steps: 0,
             state: HashMap::new(),
         }
     }
 
-    /// One update of `params` by `grads` at learning rate `lr`; answers the gradient's global
-    /// norm before clipping.
+    /// One update of `params` by `grads` at learning rate `lr` (a parameter without a gradient
+    /// is left as it is); answers the gradient's global norm before clipping.
     ///
     /// # Errors
-    /// A ZeRO axis the mesh lacks; the collectives' errors.
+    /// A ZeRO axis the mesh lacks; a parameter that is a sum of terms; the collectives' errors.
     pub fn step(&mut self, params: &mut Params<'d, T>, grads: &Grads<'d, T>, lr: f64) -> Result<f64> {
         let (gs, norm) = closed(params, grads, &self.zero)?;
         let f = clip_factor(norm, self.clip);
-        self.steps += 1;
-        let t = self.steps as i32;
         let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
-        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
         for (name, g) in gs {
             let w = params.get(&name).expect("a gradient's parameter").clone();
             let at = g.placement().clone();
             let ws = if w.placement().equal(&at) { w.clone() } else { w.place(&at)? };
-            let (m, v) = match self.state.remove(&name) {
-                Some(s) => s,
-                None => (Tensor::zeros(&w.ctx, w.shape(), &at)?, Tensor::zeros(&w.ctx, w.shape(), &at)?),
+            let (m, v, steps) = match self.state.remove(&name) {
+                Some(s) => (s.m, s.v, s.steps),
+                None => (Tensor::zeros(&w.ctx, w.shape(), &at)?, Tensor::zeros(&w.ctx, w.shape(), &at)?, 0),
             };
+            let steps = steps + 1;
+            let t = i32::try_from(steps).unwrap_or(i32::MAX);
+            let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
             let m = m.map(&[&g], false, |p, l| {
                 let (a, b) = (p.float(b1), p.float((1.0 - b1) * f));
                 let x = p.mul(a, l[0]);
@@ -198,13 +213,14 @@ impl<'d, T: Reducible> AdamW<'d, T> {
             })?;
             let nw = if nw.placement().equal(w.placement()) { nw } else { nw.place(w.placement())? };
             params.set(&name, nw)?;
-            self.state.insert(name, (m, v));
+            self.state.insert(name, Moments { m, v, steps });
         }
         Ok(norm)
     }
 
-    /// The state of `name` (first and second moments), placed as it is kept, or `None`.
-    pub fn state(&self, name: &str) -> Option<&(Tensor<'d, T>, Tensor<'d, T>)> {
+    /// The state of `name` (first and second moments, placed as they are kept, and its update
+    /// count), or `None`.
+    pub fn state(&self, name: &str) -> Option<&Moments<'d, T>> {
         self.state.get(name)
     }
 }

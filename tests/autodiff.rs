@@ -134,14 +134,17 @@ fn check(case: Case, meshes: &[&[(&str, usize)]], positive: bool) {
     }
 }
 
-const TWO: &[&[(&str, usize)]] = &[
-    &[("a", 1), ("b", 1)],
-    &[("a", 2), ("b", 1)],
-    &[("a", 2), ("b", 2)],
-    &[("a", 1), ("b", 3)],
-    &[("a", 2), ("b", 3)],
-];
 const THREE: &[&[(&str, usize)]] = &[&[("a", 2), ("b", 2), ("c", 2)], &[("a", 1), ("b", 2), ("c", 3)]];
+/// Meshes of 1–8 devices over 2 and 3 axes (the ops' cases name `a` and `b` only).
+const ALL: &[&[(&str, usize)]] = &[
+    &[("a", 1), ("b", 1), ("c", 1)],
+    &[("a", 2), ("b", 1), ("c", 1)],
+    &[("a", 2), ("b", 2), ("c", 1)],
+    &[("a", 1), ("b", 3), ("c", 1)],
+    &[("a", 2), ("b", 3), ("c", 1)],
+    &[("a", 2), ("b", 2), ("c", 2)],
+    &[("a", 1), ("b", 2), ("c", 3)],
+];
 
 #[test]
 fn column_and_row_parallel_matmul() {
@@ -153,7 +156,7 @@ fn column_and_row_parallel_matmul() {
         let y = h.matmul(&w2)?; // a sum over b
         weighted(ctx, &y, 9)
     }
-    check(case, TWO, false);
+    check(case, ALL, false);
 }
 
 #[test]
@@ -169,7 +172,7 @@ fn contractions_of_rank_three_and_batched() {
         let b = weighted(ctx, &s, 8)?;
         a.add(&b)
     }
-    check(case, TWO, false);
+    check(case, ALL, false);
 }
 
 #[test]
@@ -185,7 +188,7 @@ fn broadcasts_and_pointwise_functions() {
         let r = x.relu()?.add(&x.tanh()?)?;
         weighted(ctx, &d.add(&r)?, 5)
     }
-    check(case, TWO, false);
+    check(case, ALL, false);
 }
 
 #[test]
@@ -196,10 +199,14 @@ fn sums_means_and_maxima_over_cut_axes() {
         let mu = x.mean(1)?; // over b
         let mx = x.max(1)?; // maxima gathered over b
         let mx0 = x.max(0)?;
+        // exact ties: every maximum twice (on two ranks where b cuts the axis), its gradient
+        // split between the copies
+        let rows = x.place(&Placement::mesh(m, &[(0, &["a"])])?)?;
+        let tied = rows.concat(&[&rows], 1)?.place(&Placement::mesh(m, &[(0, &["a"]), (1, &["b"])])?)?.max(1)?;
         let t = weighted(ctx, &s, 2)?.add(&weighted(ctx, &mu, 3)?)?;
-        t.add(&weighted(ctx, &mx, 4)?)?.add(&weighted(ctx, &mx0, 5)?)
+        t.add(&weighted(ctx, &mx, 4)?)?.add(&weighted(ctx, &mx0, 5)?)?.add(&weighted(ctx, &tied, 6)?)
     }
-    check(case, TWO, false);
+    check(case, ALL, false);
 }
 
 #[test]
@@ -213,7 +220,7 @@ fn reshape_permute_narrow_concat() {
         let c = n.concat(&[&n.scale(2.0)?], 1)?;
         weighted(ctx, &y, 2)?.add(&weighted(ctx, &c, 3)?)
     }
-    check(case, TWO, false);
+    check(case, ALL, false);
 }
 
 #[test]
@@ -228,7 +235,7 @@ fn softmax_layer_norm_and_rms_norm() {
         let w = x.log_softmax(1)?;
         weighted(ctx, &y, 4)?.add(&weighted(ctx, &z, 5)?)?.add(&weighted(ctx, &w, 6)?)
     }
-    check(case, TWO, false);
+    check(case, ALL, false);
 }
 
 #[test]
@@ -244,10 +251,11 @@ fn embeddings_replicated_and_vocabulary_parallel_with_cross_entropy() {
         // a head cut over b: logits [5, 3, 7] with classes over b
         let w = mk.leaf(ctx, &[4, 7], &Placement::mesh(m, &[(1, &["b"])])?, 3)?;
         let logits = h.contract(&w, &Contraction { batch: vec![], contracting: vec![(2, 0)] })?;
-        let labels = Tensor::<i64>::from_fn(ctx, &[5, 3], &ids_p, |i| ((i[0] + 2 * i[1]) % 7) as i64)?;
+        // some labels ignored (−1)
+        let labels = Tensor::<i64>::from_fn(ctx, &[5, 3], &ids_p, |i| ((i[0] + 2 * i[1]) % 8) as i64 - 1)?;
         logits.cross_entropy(&labels)
     }
-    check(case, TWO, false);
+    check(case, ALL, false);
 }
 
 #[test]
@@ -261,7 +269,7 @@ fn attention_with_heads_cut() {
         let o2 = q.attention(&k, &v, false)?;
         weighted(ctx, &o, 4)?.add(&weighted(ctx, &o2, 5)?)
     }
-    check(case, TWO, false);
+    check(case, ALL, false);
 }
 
 #[test]

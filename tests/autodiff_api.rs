@@ -128,9 +128,15 @@ fn sgd_and_adamw_steps_by_hand() {
                 assert!((got[i] - want).abs() < 1e-12, "adamw {zero:?} {i}: {} vs {want}", got[i]);
             }
             assert!(p.get("w").unwrap().placement().equal(&cut), "the parameter keeps its placement");
-            let (m1, _) = adam.state("w").unwrap();
+            let st = adam.state("w").unwrap();
+            assert_eq!(st.steps, 1);
             let shard_cut = zero.is_some();
-            assert_eq!(!m1.placement().equal(&cut), shard_cut, "ZeRO keeps the state cut over dp: {}", m1.placement());
+            assert_eq!(
+                !st.m.placement().equal(&cut),
+                shard_cut,
+                "ZeRO keeps the state cut over dp: {}",
+                st.m.placement()
+            );
         }
         // clipping to 1: the update uses g/‖g‖
         let mut p = mk()?;
@@ -151,4 +157,30 @@ fn sgd_and_adamw_steps_by_hand() {
     assert_eq!(warmup_cosine(9, 10, 100, 1.0, 0.1), 1.0);
     assert!((warmup_cosine(55, 10, 100, 1.0, 0.1) - 0.55).abs() < 1e-12);
     assert_eq!(warmup_cosine(100, 10, 100, 1.0, 0.1), 0.1);
+}
+
+#[test]
+fn refusals_reach_every_rank() {
+    let out = launch_with(&opts(4), |ctx| {
+        let m = ctx.mesh(&[("dp", 2), ("tp", 2)])?;
+        let tape = Tape::new();
+        // a nonlinear op of a sum is refused, as the forward op is
+        let s = tape.leaf(Tensor::<f64>::zeros(ctx, &[3], &Placement::partial(&m, &["tp"], &[])?)?);
+        let e1 = s.tanh().unwrap_err().to_string();
+        // an id out of range on one rank's rows only: every rank answers the error
+        let rows = Placement::mesh(&m, &[(0, &["dp"])])?;
+        let ids = Tensor::<i64>::from_fn(ctx, &[4, 2], &rows, |i| if i[0] == 3 && i[1] == 1 { 9 } else { 0 })?;
+        let table = tape.leaf(Tensor::<f64>::zeros(ctx, &[5, 3], &Placement::mesh(&m, &[])?)?);
+        let e2 = table.embedding(&ids).unwrap_err().to_string();
+        let logits =
+            tape.leaf(Tensor::<f64>::zeros(ctx, &[4, 2, 5], &Placement::mesh(&m, &[(0, &["dp"]), (2, &["tp"])])?)?);
+        let e3 = logits.cross_entropy(&ids).unwrap_err().to_string();
+        Ok((e1, e2, e3))
+    })
+    .unwrap();
+    for (e1, e2, e3) in &out {
+        assert!(e1.contains("nonlinear map of a partial value"), "{e1}");
+        assert!(e2.contains("nx::autodiff::Var::embedding") && e2.contains("id 9 at position 3 of device"), "{e2}");
+        assert!(e3.contains("nx::autodiff::Var::cross_entropy") && e3.contains("label 9"), "{e3}");
+    }
 }

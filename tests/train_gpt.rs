@@ -38,7 +38,13 @@ fn compare(a: &Outcome, b: &Outcome, tol: f64, what: &str) {
         );
     }
     for ((n, p), (_, q)) in a.params.iter().zip(&b.params) {
-        let worst = p.iter().zip(q).map(|(x, y)| (x - y).abs() / (y.abs() + 1e-2)).fold(0.0f32, f32::max);
+        let worst = p.iter().zip(q).map(|(x, y)| (x - y).abs() / (y.abs() + 1e-2)).fold(0.0f32, |m, d| {
+            if d.is_nan() || d > m {
+                d
+            } else {
+                m
+            }
+        });
         assert!(f64::from(worst) <= 100.0 * tol, "{what}: parameter {n} differs by {worst} relative");
     }
 }

@@ -149,6 +149,9 @@ pub fn contract<'d>(
 /// # Errors
 /// As [`parts`].
 pub fn reduce<'d>(func: &'static str, p: &Placement<'d>, axes: &[usize]) -> Result<Placement<'d>> {
+    if (1..axes.len()).any(|i| axes[..i].contains(&axes[i])) {
+        return Err(Error::Rule { func, why: format!("axes {axes:?} name one axis twice") });
+    }
     let pp = parts(func, p)?;
     let mut out = Parts { cuts: Vec::new(), sums: pp.sums };
     for (a, names) in pp.cuts {
@@ -166,6 +169,10 @@ pub fn reduce<'d>(func: &'static str, p: &Placement<'d>, axes: &[usize]) -> Resu
 /// # Errors
 /// As [`parts`]; [`Error::Rule`] where `perm` is not a permutation covering the cut axes.
 pub fn permute<'d>(func: &'static str, p: &Placement<'d>, perm: &[usize]) -> Result<Placement<'d>> {
+    let mut seen = vec![false; perm.len()];
+    if perm.iter().any(|&x| x >= perm.len() || std::mem::replace(&mut seen[x], true)) {
+        return Err(Error::Rule { func, why: format!("{perm:?} is not a permutation") });
+    }
     let pp = parts(func, p)?;
     let mut cuts = Vec::with_capacity(pp.cuts.len());
     for (a, names) in pp.cuts {
@@ -332,7 +339,8 @@ pub fn elementwise(func: &'static str, a: &Placement<'_>, sa: &[usize], b: &Plac
 ///
 /// # Errors
 /// [`Error::Rule`] for operands over different meshes (an index at `on` fits any), a value or
-/// index on one device, or a mesh axis that would cut two axes of the result.
+/// index on one device, a gathered axis that is cut, or a mesh axis that would cut two axes of
+/// the result.
 pub fn gather<'d>(
     func: &'static str,
     p: &Placement<'d>,
@@ -352,6 +360,9 @@ pub fn gather<'d>(
     }
     let pp = parts(func, p)?;
     let ipp = parts(func, ip)?;
+    if !pp.cut_of(axis).is_empty() {
+        return Err(Error::Rule { func, why: format!("axis {axis} is cut by {p}: place it whole first") });
+    }
     let mut out: Vec<(usize, Vec<String>)> = Vec::new();
     for (a, names) in pp.cuts {
         out.push((if a < axis { a } else { a + index_rank - 1 }, names));

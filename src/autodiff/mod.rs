@@ -37,9 +37,11 @@
 //! | `mul`, `div`, pointwise (`relu`, `gelu`, `silu`, `tanh`, `exp`, `log`, `rsqrt`, …) | at the output's placement (closed first) |
 //! | `contract`, `matmul` | contractions of the gradient with the other operand: a sum over the mesh axes that cut the other operand's free axes (Megatron's `f`/`g` all-reduces, placed lazily) |
 //! | `sum`, `mean` | the gradient expanded along the axis, at `closed(P)` |
-//! | `max` | to the maxima, split evenly among ties (across ranks where the axis is cut) |
+//! | `max` | to the maxima, split evenly among ties (across ranks where the axis is cut); a NaN row's gradient is NaN |
 //! | `reshape`, `permute`, `narrow`, `concat` | the inverse move (`narrow`: zero padding) |
 //! | `softmax`, `log_softmax` | local (the axis is whole) |
+//! | `layer_norm` (fused), `rms_norm` | local for `x` (the last axis is whole); the scale's and shift's a sum over the mesh axes cutting the rows |
+//! | `dropout` | the gradient through the same mask (a function of the seed and the global index) |
 //! | `embedding` | a deterministic scatter-add into the table's rows: a sum over the index's mesh axes |
 //! | `cross_entropy` | `(softmax − one-hot)/n` on each rank's classes: the class axis may be cut (vocabulary parallel), its maxima and sums closed across ranks, the logits never gathered |
 //! | `attention` | recomputed from `q`, `k`, `v` per rank's heads |
@@ -237,14 +239,17 @@ impl<'d, T: Reducible> Tape<'d, T> {
         }
         let mut pending: Vec<Option<Tensor<'d, T>>> = (0..=top).map(|_| None).collect();
         pending[top] = Some(seed);
-        let mut out = Grads::default();
+        let mut out = Grads { tape: Some(self.inner.clone()), ..Grads::default() };
         for id in (0..=top).rev() {
             let Some(g) = pending[id].take() else { continue };
             let node = std::mem::replace(&mut self.inner.borrow_mut().nodes[id], Node::Freed);
             match node {
                 Node::Leaf(name) => {
                     if let Some(n) = &name {
-                        out.names.insert(n.clone(), g.clone());
+                        // two leaves of one name (a parameter bound twice): their gradients add
+                        let mut slot = out.names.remove(n);
+                        accumulate(&mut slot, g.clone())?;
+                        out.names.insert(n.clone(), slot.expect("accumulate fills the slot"));
                     }
                     out.ids.insert(id, g);
                     self.inner.borrow_mut().nodes[id] = Node::Leaf(name);
@@ -282,11 +287,13 @@ fn accumulate<'d, T: Reducible>(slot: &mut Option<Tensor<'d, T>>, g: Tensor<'d, 
 pub struct Grads<'d, T: Reducible> {
     ids: HashMap<usize, Tensor<'d, T>>,
     names: BTreeMap<String, Tensor<'d, T>>,
+    /// The tape whose leaves `ids` numbers (none after a cast or an accumulation).
+    tape: Option<Rc<RefCell<Inner<'d, T>>>>,
 }
 
 impl<T: Reducible> Default for Grads<'_, T> {
     fn default() -> Self {
-        Grads { ids: HashMap::new(), names: BTreeMap::new() }
+        Grads { ids: HashMap::new(), names: BTreeMap::new(), tape: None }
     }
 }
 
@@ -298,9 +305,13 @@ impl<T: Reducible> std::fmt::Debug for Grads<'_, T> {
 
 impl<'d, T: Reducible> Grads<'d, T> {
     /// The gradient in `leaf` (at the placement its backward left it: a sum where it is one), or
-    /// `None` where the loss does not depend on it.
+    /// `None` where the loss does not depend on it, the leaf is of another tape, or these
+    /// gradients were accumulated or cast (which keep the named ones only).
     pub fn of(&self, leaf: &Var<'d, T>) -> Option<&Tensor<'d, T>> {
-        leaf.id.and_then(|i| self.ids.get(&i))
+        match &self.tape {
+            Some(t) if Rc::ptr_eq(t, &leaf.tape.inner) => leaf.id.and_then(|i| self.ids.get(&i)),
+            _ => None,
+        }
     }
 
     /// The gradient in the parameter `name`, or `None`.
@@ -314,7 +325,7 @@ impl<'d, T: Reducible> Grads<'d, T> {
     }
 
     /// Adds `other`'s named gradients into these (gradient accumulation over micro-batches);
-    /// placed as these where they differ.
+    /// placed as these where they differ. Afterwards only the named gradients are answered.
     ///
     /// # Errors
     /// The collectives' errors of placing.
@@ -325,6 +336,7 @@ impl<'d, T: Reducible> Grads<'d, T> {
             self.names.insert(n, slot.expect("accumulate fills the slot"));
         }
         self.ids.clear();
+        self.tape = None;
         Ok(())
     }
 
@@ -335,7 +347,7 @@ impl<'d, T: Reducible> Grads<'d, T> {
     /// Kernel refusals of the conversion.
     pub fn cast<U: Reducible>(&self) -> Result<Grads<'d, U>> {
         let names = self.names.iter().map(|(n, g)| Ok((n.clone(), g.cast::<U>()?))).collect::<Result<_>>()?;
-        Ok(Grads { ids: HashMap::new(), names })
+        Ok(Grads { ids: HashMap::new(), names, tape: None })
     }
 
     /// Replaces the gradient of `name` (after clipping, or placing).

@@ -2,7 +2,6 @@
 //! vocabulary-parallel cross-entropy, attention and dropout.
 
 use nx_collectives::{ReduceOp, Reducible};
-use nx_kernels::prog::CmpOp;
 use nx_kernels::{Array, Contraction, Value};
 use nx_placement::rules;
 
@@ -32,6 +31,25 @@ fn to_f64<T: Reducible>(x: T) -> f64 {
     }
 }
 
+/// Agrees across every rank whether any rank found a bad value (`(position, value)` in its
+/// window of `t`), by one all-gather of a pair a rank; every rank then answers the same error,
+/// naming the first such rank, or none.
+fn agree(func: &'static str, t: &Tensor<'_, i64>, bad: Option<(usize, i64)>, why: &str, what: &str) -> Result<()> {
+    let ctx = &t.ctx;
+    let rows = Placement::split(0, ctx.devices())?;
+    let n = ctx.devices().len();
+    let (k, v) = bad.map(|(k, v)| (k as i64, v)).unwrap_or((-1, 0));
+    let local = Array::from_vec_on(ctx.rig(), &[1, 2], vec![k, v])?;
+    let all = Tensor::from_local(ctx, &[n, 2], &rows, Some(local))?.full()?.to_vec()?;
+    match all.chunks(2).enumerate().find(|(_, p)| p[0] >= 0) {
+        Some((d, p)) => Err(err(
+            func,
+            format!("{what} {} at position {} of device {d}'s window of the {what}s is {why}", p[1], p[0]),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// This rank's whole window of a value with copies, as `f64`s.
 fn local_f64<T: Reducible>(t: &Tensor<'_, T>) -> Result<Vec<f64>> {
     Ok(t.local.as_ref().map(|a| a.to_vec()).transpose()?.unwrap_or_default().into_iter().map(to_f64).collect())
@@ -58,6 +76,8 @@ impl<'d, T: Reducible> Var<'d, T> {
     /// A scalar; a last axis cut; a partial value; `gamma`/`beta` not `[d]` with copies.
     pub fn layer_norm(&self, gamma: &Var<'d, T>, beta: &Var<'d, T>, eps: f64) -> Result<Self> {
         const FUNC: &str = "nx::autodiff::Var::layer_norm";
+        self.check_tape(FUNC, gamma)?;
+        self.check_tape(FUNC, beta)?;
         let x = &self.value;
         let r = x.shape.len();
         if r == 0 {
@@ -76,7 +96,7 @@ impl<'d, T: Reducible> Var<'d, T> {
         let (xhat, rstd, local) = match &x.local {
             Some(a) => {
                 let xv: Vec<f64> = a.to_vec()?.into_iter().map(to_f64).collect();
-                let rows = if d == 0 { 0 } else { xv.len() / d };
+                let rows = xv.len().checked_div(d).unwrap_or(0);
                 let (mut xhat, mut rstd) = (vec![0.0; xv.len()], vec![0.0; rows]);
                 let mut out = Vec::with_capacity(xv.len());
                 for i in 0..rows {
@@ -228,6 +248,13 @@ impl<'d, T: Reducible> Var<'d, T> {
         let mut shape = ids.shape.clone();
         shape.push(d);
         let r0 = window_start(t, 0)?;
+        let bad = match &ids.local {
+            Some(ix) => {
+                ix.to_vec()?.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= n).map(|(k, &id)| (k, id))
+            }
+            None => None,
+        };
+        agree(FUNC, ids, bad, &format!("outside 0..{n}"), "id")?;
         let local = match (&t.local, &ids.local, placement.window(&shape, t.ctx.index())?) {
             (Some(tab), Some(ix), Some(w)) => {
                 let (tv, iv) = (tab.to_vec()?, ix.to_vec()?);
@@ -235,10 +262,7 @@ impl<'d, T: Reducible> Var<'d, T> {
                 let mut out = vec![T::default(); iv.len() * td];
                 for (k, &id) in iv.iter().enumerate() {
                     if id < 0 || id as usize >= n {
-                        return Err(err(
-                            FUNC,
-                            format!("id {id} at position {k} of rank {}'s ids is outside 0..{n}", t.ctx.rank()),
-                        ));
+                        continue; // refused on every rank below
                     }
                     let i = id as usize;
                     if (r0..r0 + tn).contains(&i) {
@@ -321,6 +345,11 @@ impl<'d, T: Reducible> Var<'d, T> {
         // the logit of each row's label, from the rank holding its class
         let c0 = window_start(z, r - 1)?;
         let picked_p = rules::reduce(FUNC, &z.placement, &[r - 1])?;
+        let bad = match &labels.local {
+            Some(ll) => ll.to_vec()?.iter().enumerate().find(|(_, &l)| l >= c as i64).map(|(k, &l)| (k, l)),
+            None => None,
+        };
+        agree(FUNC, labels, bad, &format!("outside 0..{c} (negative labels are ignored)"), "label")?;
         let picked_local = match (&z.local, &labels.local, picked_p.window(&labels.shape, z.ctx.index())?) {
             (Some(zl), Some(ll), Some(w)) => {
                 let (zv, lv) = (zl.to_vec()?, ll.to_vec()?);
@@ -331,10 +360,7 @@ impl<'d, T: Reducible> Var<'d, T> {
                         continue;
                     }
                     if lab as usize >= c {
-                        return Err(err(
-                            FUNC,
-                            format!("label {lab} at position {k} of rank {}'s labels is outside 0..{c}", z.ctx.rank()),
-                        ));
+                        continue; // refused on every rank below
                     }
                     let j = lab as usize;
                     if (c0..c0 + cl).contains(&j) {
@@ -407,8 +433,8 @@ impl<'d, T: Reducible> Var<'d, T> {
                     }
                     Some(Array::from_vec_on(zc.ctx.rig(), sl.shape(), sv)?)
                 }
-                (Some(sl), None) => Some(sl.clone()),
-                _ => None,
+                (None, None) => None,
+                _ => return Err(err(FUNC, format!("rank {} holds logits and labels unlike", zc.ctx.rank()))),
             };
             Ok(vec![Some(zc.with_local(zc.placement.clone(), zc.shape.clone(), local))])
         }))
@@ -423,6 +449,8 @@ impl<'d, T: Reducible> Var<'d, T> {
     /// As [`Tensor::attention`]; shapes other than `[b, h, t, d]` of one shape.
     pub fn attention(&self, k: &Var<'d, T>, v: &Var<'d, T>, causal: bool) -> Result<Self> {
         const FUNC: &str = "nx::autodiff::Var::attention";
+        self.check_tape(FUNC, k)?;
+        self.check_tape(FUNC, v)?;
         let (q, kk, vv) = (&self.value, &k.value, &v.value);
         if q.shape.len() != 4 || kk.shape != q.shape || vv.shape != q.shape {
             return Err(err(
@@ -456,11 +484,6 @@ impl<'d, T: Reducible> Var<'d, T> {
             let ds = dp.map(&[&p, &rs], false, |pr, l| {
                 let d = pr.sub(l[0], l[2]);
                 pr.mul(l[1], d)
-            })?;
-            let ds = ds.map(&[], false, |pr, l| {
-                let z = pr.float(0.0);
-                let nan = pr.compare(CmpOp::Ne, l[0], l[0]);
-                pr.select(nan, z, l[0])
             })?;
             let dq = ds.contract(&kk, &Contraction { batch: bh.clone(), contracting: vec![(3, 2)] })?.scale(scale)?;
             let dk = ds.contract(&q, &Contraction { batch: bh, contracting: vec![(2, 2)] })?.scale(scale)?;

@@ -56,7 +56,7 @@ pub(crate) fn keep(shape: &[usize], axis: usize) -> Vec<usize> {
 }
 
 impl<'d, T: Reducible> Var<'d, T> {
-    fn check_tape(&self, func: &'static str, other: &Var<'d, T>) -> Result<()> {
+    pub(crate) fn check_tape(&self, func: &'static str, other: &Var<'d, T>) -> Result<()> {
         if !std::rc::Rc::ptr_eq(&self.tape.inner, &other.tape.inner) {
             return Err(err(func, "operands recorded on different tapes".into()));
         }
@@ -457,6 +457,9 @@ impl<'d, T: Reducible> Var<'d, T> {
     /// # Errors
     /// As [`Tensor::concat`].
     pub fn concat(&self, others: &[&Var<'d, T>], axis: usize) -> Result<Self> {
+        for o in others {
+            self.check_tape("nx::autodiff::Var::concat", o)?;
+        }
         let vals: Vec<&Tensor<'d, T>> = others.iter().map(|o| &o.value).collect();
         let out = self.value.concat(&vals, axis)?;
         let lens: Vec<usize> =

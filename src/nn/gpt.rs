@@ -127,7 +127,7 @@ impl Gpt {
         let res = std / ((2 * self.config.layers.max(1)) as f64).sqrt();
         let mut s = seed.wrapping_mul(1000);
         let mut next = || {
-            s += 1;
+            s = s.wrapping_add(1);
             s
         };
         self.tok.init(ctx, l, &mut p, next(), std)?;

@@ -140,8 +140,7 @@ pub enum Parallel {
 /// Where a layer's values lie: the mesh (axes `dp` and `tp`).
 #[derive(Clone, Debug)]
 pub struct Layout<'d> {
-    /// The mesh.
-    pub mesh: Mesh<'d>,
+    mesh: Mesh<'d>,
 }
 
 impl<'d> Layout<'d> {
@@ -154,6 +153,11 @@ impl<'d> Layout<'d> {
             mesh.axis(a)?;
         }
         Ok(Layout { mesh: mesh.clone() })
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &Mesh<'d> {
+        &self.mesh
     }
 
     /// Copies on every device.
@@ -238,6 +242,12 @@ impl Linear {
     pub fn forward<'d, T: Reducible>(&self, p: &Bound<'d, T>, x: &Var<'d, T>) -> Result<Var<'d, T>> {
         let w = p.get(&format!("{}.w", self.name))?;
         let r = x.shape().len();
+        if r == 0 || x.shape()[r - 1] != self.d_in {
+            return Err(err(
+                "nx::nn::Linear::forward",
+                format!("{}: an input of shape {:?} for {} features", self.name, x.shape(), self.d_in),
+            ));
+        }
         let mut y = x.contract(w, &Contraction { batch: vec![], contracting: vec![(r - 1, 0)] })?;
         if y.placement().is_partial() {
             y = y.place(&y.placement().closed())?;
