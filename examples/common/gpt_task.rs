@@ -205,7 +205,9 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
             let w = n as f64 / cfg.batch as f64;
             let g = if cfg.bf16 {
                 let tape = Tape::<half::bf16>::new();
-                let loss = gpt.loss(&params.bind_as(&tape)?, &layout, &ids, &labels)?.scale(w)?;
+                let policy =
+                    nx::kernels::Policy { params: nx::Dtype::F32, compute: nx::Dtype::BF16, output: nx::Dtype::F32 };
+                let loss = gpt.loss(&params.bind_with(&tape, &policy)?, &layout, &ids, &labels)?.scale(w)?;
                 l += f64::from(loss.value().to_local().expect("copies on every rank").to_vec()?[0]);
                 tape.backward(&loss)?.cast::<f32>()?
             } else {

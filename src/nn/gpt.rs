@@ -43,6 +43,84 @@ pub struct Mlp {
     proj: Linear,
 }
 
+impl Mlp {
+    /// width → `hidden` (GELU) → width, parameters `{prefix}.fc` (column-parallel) and
+    /// `{prefix}.proj` (row-parallel).
+    pub fn new(prefix: &str, width: usize, hidden: usize) -> Mlp {
+        Mlp {
+            fc: linear(format!("{prefix}.fc"), width, hidden, Parallel::Column),
+            proj: linear(format!("{prefix}.proj"), hidden, width, Parallel::Row),
+        }
+    }
+
+    /// Adds the parameters from seeds `seed` and `seed + 1`.
+    ///
+    /// # Errors
+    /// A name already present.
+    pub fn init<'d, T: Reducible>(
+        &self,
+        ctx: &Ctx<'d>,
+        l: &Layout<'d>,
+        p: &mut Params<'d, T>,
+        seed: u64,
+        std: f64,
+        out_std: f64,
+    ) -> Result<()> {
+        self.fc.init(ctx, l, p, seed, std)?;
+        self.proj.init(ctx, l, p, seed.wrapping_add(1), out_std)
+    }
+
+    /// `proj(gelu(fc(x)))`: the hidden features over `tp`, one all-reduce.
+    ///
+    /// # Errors
+    /// As [`Linear::forward`].
+    pub fn forward<'d, T: Reducible>(&self, p: &Bound<'d, T>, x: &Var<'d, T>) -> Result<Var<'d, T>> {
+        self.proj.forward(p, &self.fc.forward(p, x)?.gelu()?)
+    }
+}
+
+impl Block {
+    /// Block `prefix` of `width` features and `heads` heads (`{prefix}.ln1`, `.attn`, `.ln2`,
+    /// `.mlp`; the MLP 4·width wide).
+    pub fn new(prefix: &str, width: usize, heads: usize) -> Block {
+        let ln = |name: String| LayerNorm { name, d: width, eps: 1e-5 };
+        Block {
+            ln1: ln(format!("{prefix}.ln1")),
+            attn: SelfAttention::new(&format!("{prefix}.attn"), width, heads),
+            ln2: ln(format!("{prefix}.ln2")),
+            mlp: Mlp::new(&format!("{prefix}.mlp"), width, 4 * width),
+        }
+    }
+
+    /// Adds the parameters from seeds `seed..seed + 6`.
+    ///
+    /// # Errors
+    /// A name already present.
+    pub fn init<'d, T: Reducible>(
+        &self,
+        ctx: &Ctx<'d>,
+        l: &Layout<'d>,
+        p: &mut Params<'d, T>,
+        seed: u64,
+        std: f64,
+        out_std: f64,
+    ) -> Result<()> {
+        self.ln1.init(ctx, l, p)?;
+        self.attn.init(ctx, l, p, seed, std, out_std)?;
+        self.ln2.init(ctx, l, p)?;
+        self.mlp.init(ctx, l, p, seed.wrapping_add(4), std, out_std)
+    }
+
+    /// `x + attn(ln1(x))`, then `+ mlp(ln2(·))`.
+    ///
+    /// # Errors
+    /// As the layers'.
+    pub fn forward<'d, T: Reducible>(&self, p: &Bound<'d, T>, x: &Var<'d, T>) -> Result<Var<'d, T>> {
+        let x = x.add(&self.attn.forward(p, &self.ln1.forward(p, x)?)?)?;
+        x.add(&self.mlp.forward(p, &self.ln2.forward(p, &x)?)?)
+    }
+}
+
 /// A pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
 #[derive(Debug, Clone)]
 pub struct Block {
@@ -82,23 +160,7 @@ impl Gpt {
             ));
         }
         let ln = |name: String| LayerNorm { name, d: c, eps: 1e-5 };
-        let blocks = (0..config.layers)
-            .map(|i| Block {
-                ln1: ln(format!("h{i}.ln1")),
-                attn: SelfAttention {
-                    q: linear(format!("h{i}.attn.q"), c, c, Parallel::Column),
-                    k: linear(format!("h{i}.attn.k"), c, c, Parallel::Column),
-                    v: linear(format!("h{i}.attn.v"), c, c, Parallel::Column),
-                    out: linear(format!("h{i}.attn.out"), c, c, Parallel::Row),
-                    heads: config.heads,
-                },
-                ln2: ln(format!("h{i}.ln2")),
-                mlp: Mlp {
-                    fc: linear(format!("h{i}.mlp.fc"), c, 4 * c, Parallel::Column),
-                    proj: linear(format!("h{i}.mlp.proj"), 4 * c, c, Parallel::Row),
-                },
-            })
-            .collect();
+        let blocks = (0..config.layers).map(|i| Block::new(&format!("h{i}"), c, config.heads)).collect();
         Ok(Gpt {
             config,
             tok: Embedding { name: "tok".into(), n: config.vocab, d: c, vocab_parallel: false },
@@ -133,14 +195,11 @@ impl Gpt {
         self.tok.init(ctx, l, &mut p, next(), std)?;
         self.pos.init(ctx, l, &mut p, next(), std)?;
         for b in &self.blocks {
-            b.ln1.init(ctx, l, &mut p)?;
-            for lin in [&b.attn.q, &b.attn.k, &b.attn.v] {
-                lin.init(ctx, l, &mut p, next(), std)?;
+            let first = next();
+            for _ in 0..5 {
+                next();
             }
-            b.attn.out.init(ctx, l, &mut p, next(), res)?;
-            b.ln2.init(ctx, l, &mut p)?;
-            b.mlp.fc.init(ctx, l, &mut p, next(), std)?;
-            b.mlp.proj.init(ctx, l, &mut p, next(), res)?;
+            b.init(ctx, l, &mut p, first, std, res)?;
         }
         self.ln_f.init(ctx, l, &mut p)?;
         self.head.init(ctx, l, &mut p, next(), std)?;
@@ -165,15 +224,11 @@ impl Gpt {
                 format!("ids {s:?}: needs [batch, t ≤ {}]", self.config.context),
             ));
         }
-        let (b, t) = (s[0], s[1]);
+        let t = s[1];
         let positions = Tensor::<i64>::from_fn(&ids.ctx, &[t], &l.copies()?, |i| i[0] as i64)?;
         let mut x = self.tok.forward(p, ids)?.add(&self.pos.forward(p, &positions)?)?;
         for blk in &self.blocks {
-            let h = blk.ln1.forward(p, &x)?;
-            x = x.add(&blk.attn.forward(p, &h, b, t)?)?;
-            let h = blk.ln2.forward(p, &x)?;
-            let h = blk.mlp.fc.forward(p, &h)?.gelu()?;
-            x = x.add(&blk.mlp.proj.forward(p, &h)?)?;
+            x = blk.forward(p, &x)?;
         }
         let x = self.ln_f.forward(p, &x)?;
         self.head.forward(p, &x)
@@ -196,8 +251,51 @@ impl Gpt {
 }
 
 impl SelfAttention {
-    fn forward<'d, T: Reducible>(&self, p: &Bound<'d, T>, x: &Var<'d, T>, b: usize, t: usize) -> Result<Var<'d, T>> {
-        let c = x.shape()[2];
+    /// Causal self-attention of `width` features in `heads` heads, parameters `{prefix}.q`, `.k`,
+    /// `.v` (column-parallel) and `.out` (row-parallel).
+    pub fn new(prefix: &str, width: usize, heads: usize) -> SelfAttention {
+        SelfAttention {
+            q: linear(format!("{prefix}.q"), width, width, Parallel::Column),
+            k: linear(format!("{prefix}.k"), width, width, Parallel::Column),
+            v: linear(format!("{prefix}.v"), width, width, Parallel::Column),
+            out: linear(format!("{prefix}.out"), width, width, Parallel::Row),
+            heads,
+        }
+    }
+
+    /// Adds the parameters (normal weights of deviation `std`, the output's `out_std`) from seeds
+    /// `seed..seed + 4`.
+    ///
+    /// # Errors
+    /// A name already present.
+    pub fn init<'d, T: Reducible>(
+        &self,
+        ctx: &Ctx<'d>,
+        l: &Layout<'d>,
+        p: &mut Params<'d, T>,
+        seed: u64,
+        std: f64,
+        out_std: f64,
+    ) -> Result<()> {
+        for (i, lin) in [&self.q, &self.k, &self.v].into_iter().enumerate() {
+            lin.init(ctx, l, p, seed.wrapping_add(i as u64), std)?;
+        }
+        self.out.init(ctx, l, p, seed.wrapping_add(3), out_std)
+    }
+
+    /// The attention of `x` `[b, t, width]` (the batch cut over `dp`): heads over `tp`.
+    ///
+    /// # Errors
+    /// An input of another shape; `tp` not dividing the heads.
+    pub fn forward<'d, T: Reducible>(&self, p: &Bound<'d, T>, x: &Var<'d, T>) -> Result<Var<'d, T>> {
+        let s = x.shape();
+        if s.len() != 3 || s[2] % self.heads != 0 {
+            return Err(err(
+                "nx::nn::gpt::SelfAttention::forward",
+                format!("an input {s:?}: needs [b, t, width] with width a multiple of {} heads", self.heads),
+            ));
+        }
+        let (b, t, c) = (s[0], s[1], s[2]);
         let (h, d) = (self.heads, c / self.heads);
         let split = |y: Var<'d, T>| y.reshape(&[b, t, h, d])?.permute(&[0, 2, 1, 3]);
         let q = split(self.q.forward(p, x)?)?;

@@ -96,6 +96,22 @@ impl<'d, T: Reducible> Params<'d, T> {
         Bound { vars: self.list.iter().map(|(n, t)| (n.clone(), tape.param(n, t.clone()))).collect() }
     }
 
+    /// [`Params::bind_as`] under a mixed-precision `policy`: the parameters must be stored in
+    /// `policy.params` and the tape compute in `policy.compute` (`bf16` compute over `f32` master
+    /// weights: `Policy::from_str("params=f32,compute=bf16,output=f32")`).
+    ///
+    /// # Errors
+    /// A policy that names other dtypes than `T` and `U`; kernel refusals of the conversion.
+    pub fn bind_with<U: Reducible>(&self, tape: &Tape<'d, U>, policy: &nx_kernels::Policy) -> Result<Bound<'d, U>> {
+        if policy.params != T::DTYPE || policy.compute != U::DTYPE {
+            return Err(err(
+                "nx::nn::Params::bind_with",
+                format!("the policy {policy:?} for parameters of {} computing in {}", T::DTYPE, U::DTYPE),
+            ));
+        }
+        self.bind_as(tape)
+    }
+
     /// Every parameter converted to `U` as a named leaf of `tape`: mixed precision, these the
     /// master weights and the tape computing in `U` (their gradients in `U`, converted back by
     /// [`crate::autodiff::Grads::cast`]).
