@@ -24,6 +24,7 @@
 //! ```
 
 pub mod autodiff;
+pub mod ckpt;
 mod launch;
 pub mod nn;
 mod ops;

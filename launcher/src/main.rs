@@ -8,6 +8,7 @@ mod args;
 mod bench;
 mod bench_coll;
 mod bench_index;
+mod ckpt;
 mod show;
 
 /// nx: a distributed SPMD tensor framework.
@@ -31,6 +32,9 @@ enum Command {
     Run(RunArgs),
     /// The backends compiled in, the libraries found on this machine, the devices a program gets.
     Info,
+    /// Checkpoints: list one, or merge it into one safetensors file.
+    #[command(subcommand)]
+    Ckpt(ckpt::Ckpt),
     /// The wrapper `nx run --mpi` starts each rank through (under mpirun).
     #[command(hide = true)]
     Rank(nx_launcher::rank::RankArgs),
@@ -173,6 +177,7 @@ fn main() -> ExitCode {
         Command::Info => Ok(info()),
         Command::Show(a) => show::show(&a),
         Command::Plan(a) => show::plan(&a),
+        Command::Ckpt(c) => ckpt::ckpt(&c).map_err(Into::into),
         Command::Bench(Bench::Kernels(a)) => bench::kernels(&a),
         Command::Bench(Bench::Collectives(a)) => bench_coll::collectives(&a),
     };

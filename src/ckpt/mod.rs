@@ -1,0 +1,151 @@
+//! Sharded checkpoints: save a set of tensors from any mesh, load them onto any other.
+//!
+//! **Format.** A checkpoint root holds checkpoints `ckpt-<step>` and a file `latest` naming the
+//! newest. A checkpoint is a directory of safetensors files, `rank<r>.safetensors` (the boxes rank
+//! `r` wrote), and one `index.json` ([`Index`]): for every tensor its name, dtype, global shape,
+//! the placement it was saved at (text), and each stored box (start, extents) with its file, byte
+//! range and FNV-1a 64 checksum; plus the caller's metadata (JSON: step, data position, …). Each
+//! box of the global value is written once: of the devices holding one window (copies), the first
+//! writes it. A partial value is closed before it is written ([`Saver::add`] places it).
+//!
+//! **Atomic.** Every rank writes into `ckpt-<step>.tmp`, fsyncs its files and reports; then rank 0
+//! writes the index last, fsyncs, renames the directory into place and then `latest` (written
+//! beside and renamed), so a crash at any moment leaves the previous checkpoint the one `latest`
+//! names, whole. Every rank's success is agreed before the commit: a rank that fails to write makes
+//! every rank's save fail, naming it.
+//!
+//! **Load.** [`Checkpoint::load`] reads, on each rank, only the boxes that intersect its window at
+//! the target placement (byte ranges read where they lie), checks each box's checksum and
+//! assembles the window exactly (uneven extents included); a missing, truncated or corrupted file
+//! is an error naming the file and the tensor. [`load_safetensors`] reads one tensor of a plain
+//! safetensors file (Python's `safetensors`, PyTorch, Hugging Face) onto any placement.
+//!
+//! The ranks share one file system (one host, or a shared mount across hosts).
+//!
+//! ```
+//! # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+//! let dir = std::env::temp_dir().join(format!("nx-ckpt-doc-{}", std::process::id()));
+//! let rows = nx::Placement::split(0, ctx.devices())?;
+//! let w = nx::Tensor::<f32>::from_fn(ctx, &[5, 3], &rows, |i| (i[0] * 3 + i[1]) as f32)?;
+//! let mut s = nx::ckpt::Saver::new(ctx, &dir, 7)?;
+//! s.add("w", &w)?;
+//! s.commit(serde_json::json!({ "step": 7 }))?;
+//! // loaded at another placement: the same value
+//! let ck = nx::ckpt::Checkpoint::open(&dir)?;
+//! let cols = nx::Placement::split(1, ctx.devices())?;
+//! let back = ck.load::<f32>(ctx, "w", &cols)?;
+//! assert_eq!(back.full()?.to_vec()?, w.full()?.to_vec()?);
+//! assert_eq!(ck.index().meta["step"], 7);
+//! # ctx.comm().barrier()?;
+//! # if ctx.rank() == 0 { std::fs::remove_dir_all(&dir).ok(); }
+//! # Ok(()) }).unwrap();
+//! ```
+
+mod load;
+mod save;
+
+use serde::{Deserialize, Serialize};
+
+pub use load::{load_safetensors, Checkpoint};
+pub use save::Saver;
+
+/// The index of a checkpoint (`index.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Index {
+    /// `nx-checkpoint-1`.
+    pub format: String,
+    /// The step it was saved at.
+    pub step: u64,
+    /// The tensors, in the order they were added.
+    pub tensors: Vec<TensorEntry>,
+    /// The caller's metadata.
+    pub meta: serde_json::Value,
+}
+
+/// One tensor of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    /// Its name.
+    pub name: String,
+    /// Its dtype's name (`f32`, `bf16`, `i64`, …).
+    pub dtype: String,
+    /// The global shape.
+    pub shape: Vec<usize>,
+    /// The placement it was saved at, and its mesh, as text.
+    pub placement: String,
+    /// The stored boxes: together they tile the value, each once.
+    pub boxes: Vec<BoxEntry>,
+}
+
+/// One stored box of a tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoxEntry {
+    /// The first global index.
+    pub start: Vec<usize>,
+    /// The extents.
+    pub extent: Vec<usize>,
+    /// The file, relative to the checkpoint's directory.
+    pub file: String,
+    /// The first byte in the file.
+    pub offset: u64,
+    /// The bytes.
+    pub len: u64,
+    /// FNV-1a 64 of the bytes, hexadecimal.
+    pub fnv64: String,
+}
+
+/// FNV-1a 64 of `bytes`.
+pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The safetensors dtype of an nx dtype, or `None` (complex numbers).
+pub(crate) fn st_dtype(d: crate::Dtype) -> Option<safetensors::Dtype> {
+    use crate::Dtype as D;
+    use safetensors::Dtype as S;
+    Some(match d {
+        D::Bool => S::BOOL,
+        D::I8 => S::I8,
+        D::I16 => S::I16,
+        D::I32 => S::I32,
+        D::I64 => S::I64,
+        D::U8 => S::U8,
+        D::U16 => S::U16,
+        D::U32 => S::U32,
+        D::U64 => S::U64,
+        D::F16 => S::F16,
+        D::BF16 => S::BF16,
+        D::F32 => S::F32,
+        D::F64 => S::F64,
+        _ => return None,
+    })
+}
+
+/// The name safetensors' header gives dtype `d` (`F32`, `BF16`, …).
+pub(crate) fn st_name(d: safetensors::Dtype) -> String {
+    format!("{d:?}")
+}
+
+/// Writes every tensor of the checkpoint at `dir` (a root or one checkpoint) whole into one
+/// plain safetensors file `out`, which Python's `safetensors`, PyTorch and Hugging Face read;
+/// answers the number of tensors.
+///
+/// # Errors
+/// As [`Checkpoint::open`] and [`Checkpoint::whole`]; an unwritable `out`.
+pub fn merge(dir: impl AsRef<std::path::Path>, out: impl AsRef<std::path::Path>) -> crate::Result<usize> {
+    const FUNC: &str = "nx::ckpt::merge";
+    let ck = Checkpoint::open(dir)?;
+    let whole = ck.whole()?;
+    let views = whole
+        .iter()
+        .map(|(n, d, s, b)| {
+            safetensors::tensor::TensorView::new(*d, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| crate::tensor::err(FUNC, format!("{n}: {e}")))
+        })
+        .collect::<crate::Result<Vec<_>>>()?;
+    let out = out.as_ref();
+    safetensors::serialize_to_file(views, &None, out)
+        .map_err(|e| crate::tensor::err(FUNC, format!("{}: {e}", out.display())))?;
+    Ok(whole.len())
+}

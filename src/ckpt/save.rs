@@ -1,0 +1,237 @@
+//! Saving: every rank writes its own boxes, rank 0 commits.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use nx_collectives::Reducible;
+
+use super::{fnv64, st_dtype, BoxEntry, Index, TensorEntry};
+use crate::tensor::err;
+use crate::{Ctx, Placement, Result, Tensor};
+
+const FUNC: &str = "nx::ckpt::Saver";
+
+/// The bytes of `v` as they lie in memory (little-endian on the hosts nx runs on).
+pub(crate) fn bytes_of<T: Copy>(v: &[T]) -> Vec<u8> {
+    // SAFETY: `v` is `size_of_val(v)` initialised bytes of plain numbers (or bools, one byte of 0
+    // or 1 each); they are read, not written, while `v` is borrowed.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }.to_vec()
+}
+
+/// Every rank's `mine` agreed: `Ok` where every rank's is, else on every rank an error naming the
+/// first rank that failed (and, on that rank, its own error).
+pub(crate) fn agree_ok(ctx: &Ctx<'_>, func: &'static str, mine: Result<()>) -> Result<()> {
+    let n = ctx.devices().len();
+    let rows = Placement::split(0, ctx.devices())?;
+    let flag = i64::from(mine.is_err());
+    let local = nx_kernels::Array::from_vec_on(ctx.rig(), &[1], vec![flag])?;
+    let all = Tensor::from_local(ctx, &[n], &rows, Some(local))?.full()?.to_vec()?;
+    mine?;
+    match all.iter().position(|&f| f != 0) {
+        Some(d) => Err(err(func, format!("device {d} failed to write its part; nothing was committed"))),
+        None => Ok(()),
+    }
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |e: std::io::Error| err(FUNC, format!("{}: {e}", path.display()));
+    let mut f = File::create(path).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)
+}
+
+/// Fsyncs a directory (its entries).
+fn sync_dir(path: &Path) -> Result<()> {
+    File::open(path).and_then(|f| f.sync_all()).map_err(|e| err(FUNC, format!("{}: {e}", path.display())))
+}
+
+/// A checkpoint being saved: tensors added on every rank alike, then [`Saver::commit`].
+pub struct Saver<'d> {
+    ctx: Ctx<'d>,
+    root: PathBuf,
+    step: u64,
+    tmp: PathBuf,
+    entries: Vec<TensorEntry>,
+    /// This rank's boxes: (tensor name, dtype, extent, bytes, start).
+    mine: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>, Vec<usize>)>,
+}
+
+impl std::fmt::Debug for Saver<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Saver({} step {}, {} tensors)", self.root.display(), self.step, self.entries.len())
+    }
+}
+
+impl<'d> Saver<'d> {
+    /// Starts checkpoint `step` under `root` (created where missing): rank 0 makes the temporary
+    /// directory `ckpt-<step>.tmp` afresh. Every rank calls it.
+    ///
+    /// # Errors
+    /// A root that cannot be created or written, on every rank.
+    pub fn new(ctx: &Ctx<'d>, root: impl AsRef<Path>, step: u64) -> Result<Saver<'d>> {
+        let root = root.as_ref().to_path_buf();
+        let tmp = root.join(format!("ckpt-{step:010}.tmp"));
+        let made = if ctx.rank() == 0 {
+            (|| -> Result<()> {
+                let io = |e: std::io::Error| err(FUNC, format!("{}: {e}", tmp.display()));
+                fs::create_dir_all(&root).map_err(|e| err(FUNC, format!("{}: {e}", root.display())))?;
+                if tmp.exists() {
+                    fs::remove_dir_all(&tmp).map_err(io)?;
+                }
+                fs::create_dir(&tmp).map_err(io)
+            })()
+        } else {
+            Ok(())
+        };
+        agree_ok(ctx, FUNC, made)?;
+        Ok(Saver { ctx: ctx.clone(), root, step, tmp, entries: Vec::new(), mine: Vec::new() })
+    }
+
+    /// Adds `t` as `name`; a partial value is closed first (an all-reduce or reduce-scatter, as
+    /// its plan says). Of the devices holding one window, the first stores it. Every rank calls
+    /// it with the same names in the same order.
+    ///
+    /// # Errors
+    /// A name already added; complex dtypes (safetensors has none); the collectives' errors.
+    pub fn add<T: Reducible>(&mut self, name: &str, t: &Tensor<'d, T>) -> Result<()> {
+        if self.entries.iter().any(|e| e.name == name) {
+            return Err(err(FUNC, format!("{name:?} is added twice")));
+        }
+        let Some(dt) = st_dtype(T::DTYPE) else {
+            return Err(err(FUNC, format!("{name}: {} has no safetensors dtype", T::DTYPE)));
+        };
+        let t = if t.placement.is_partial() { t.place(&t.placement.closed())? } else { t.clone() };
+        let windows = t.placement.windows(&t.shape)?;
+        let me = self.ctx.index();
+        let first = windows.iter().position(|w| *w == windows[me]);
+        if let (Some(w), Some(a), Some(first)) = (&windows[me], &t.local, first) {
+            let n: usize = w.iter().map(|r| r.len()).product();
+            if first == me && n > 0 {
+                let bytes = bytes_of(&a.to_vec()?);
+                let start = w.iter().map(|r| r.start).collect();
+                let extent = w.iter().map(|r| r.len()).collect();
+                self.mine.push((name.to_string(), dt, extent, bytes, start));
+            }
+        }
+        self.entries.push(TensorEntry {
+            name: name.to_string(),
+            dtype: T::DTYPE.name().to_string(),
+            shape: t.shape.clone(),
+            placement: format!("{:#}", t.placement),
+            boxes: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Writes every rank's boxes (fsynced), agrees that all did, then rank 0 writes the index
+    /// (with `meta`), renames the checkpoint into place and points `latest` at it, and removes all
+    /// but the two newest checkpoints. Answers the checkpoint's directory.
+    ///
+    /// # Errors
+    /// A rank that fails to write (every rank then fails, nothing committed).
+    pub fn commit(self, meta: serde_json::Value) -> Result<PathBuf> {
+        let rank = self.ctx.rank();
+        let file = format!("rank{rank}.safetensors");
+        let wrote = (|| -> Result<()> {
+            let mut boxes: Vec<(String, BoxEntry)> = Vec::new();
+            if !self.mine.is_empty() {
+                let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = self
+                    .mine
+                    .iter()
+                    .map(|(n, d, e, b, _)| {
+                        let v = safetensors::tensor::TensorView::new(*d, e.clone(), b)
+                            .map_err(|x| err(FUNC, format!("{n}: {x}")))?;
+                        Ok((n.clone(), v))
+                    })
+                    .collect::<Result<_>>()?;
+                let path = self.tmp.join(&file);
+                let bytes =
+                    safetensors::serialize(views, &None).map_err(|x| err(FUNC, format!("{}: {x}", path.display())))?;
+                write_synced(&path, &bytes)?;
+                // each box's byte range, from the header just written
+                let (data_start, ranges) = super::load::header(&bytes, &path)?;
+                for (n, _, e, b, s) in &self.mine {
+                    let (a, z) = ranges.get(n).map(|r| r.2).ok_or_else(|| err(FUNC, format!("{n}: not in {file}")))?;
+                    boxes.push((
+                        n.clone(),
+                        BoxEntry {
+                            start: s.clone(),
+                            extent: e.clone(),
+                            file: file.clone(),
+                            offset: data_start + a,
+                            len: z - a,
+                            fnv64: format!("{:016x}", fnv64(b)),
+                        },
+                    ));
+                }
+            }
+            let frag = serde_json::to_vec(&boxes).map_err(|x| err(FUNC, x.to_string()))?;
+            write_synced(&self.tmp.join(format!("rank{rank}.json")), &frag)
+        })();
+        agree_ok(&self.ctx, FUNC, wrote)?;
+        let dir = self.root.join(format!("ckpt-{:010}", self.step));
+        let committed = if rank == 0 {
+            (|| -> Result<()> {
+                let mut entries = self.entries.clone();
+                for r in 0..self.ctx.size() {
+                    let path = self.tmp.join(format!("rank{r}.json"));
+                    let text = fs::read(&path).map_err(|e| err(FUNC, format!("{}: {e}", path.display())))?;
+                    let boxes: Vec<(String, BoxEntry)> =
+                        serde_json::from_slice(&text).map_err(|e| err(FUNC, format!("{}: {e}", path.display())))?;
+                    for (n, b) in boxes {
+                        let e = entries
+                            .iter_mut()
+                            .find(|e| e.name == n)
+                            .ok_or_else(|| err(FUNC, format!("rank {r} stored an unknown tensor {n}")))?;
+                        e.boxes.push(b);
+                    }
+                    fs::remove_file(&path).map_err(|e| err(FUNC, format!("{}: {e}", path.display())))?;
+                }
+                for e in &mut entries {
+                    e.boxes.sort_by(|a, b| a.start.cmp(&b.start));
+                }
+                let index = Index { format: "nx-checkpoint-1".into(), step: self.step, tensors: entries, meta };
+                let text = serde_json::to_vec_pretty(&index).map_err(|x| err(FUNC, x.to_string()))?;
+                write_synced(&self.tmp.join("index.json"), &text)?;
+                sync_dir(&self.tmp)?;
+                if dir.exists() {
+                    fs::remove_dir_all(&dir).map_err(|e| err(FUNC, format!("{}: {e}", dir.display())))?;
+                }
+                fs::rename(&self.tmp, &dir).map_err(|e| err(FUNC, format!("{}: {e}", dir.display())))?;
+                sync_dir(&self.root)?;
+                let latest = self.root.join("latest.tmp");
+                write_synced(&latest, format!("ckpt-{:010}\n", self.step).as_bytes())?;
+                fs::rename(&latest, self.root.join("latest"))
+                    .map_err(|e| err(FUNC, format!("{}: {e}", latest.display())))?;
+                sync_dir(&self.root)?;
+                prune(&self.root, 2)
+            })()
+        } else {
+            Ok(())
+        };
+        agree_ok(&self.ctx, FUNC, committed)?;
+        Ok(dir)
+    }
+}
+
+/// Removes all but the `keep` newest committed checkpoints under `root` (temporary ones of
+/// other saves are left).
+fn prune(root: &Path, keep: usize) -> Result<()> {
+    let mut done: Vec<PathBuf> = fs::read_dir(root)
+        .map_err(|e| err(FUNC, format!("{}: {e}", root.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp"))
+        })
+        .collect();
+    done.sort();
+    for old in done.iter().rev().skip(keep) {
+        fs::remove_dir_all(old).map_err(|e| err(FUNC, format!("{}: {e}", old.display())))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! Checkpoints: saved on one mesh, loaded on another (random meshes of 1–3 axes and 1–8
+//! devices, uneven and empty shapes, every placement kind, several dtypes) bit for bit;
+//! corrupted and truncated files detected; an uncommitted save leaves the previous checkpoint;
+//! plain safetensors files read onto placements; `merge` writes one file; Python's `safetensors`
+//! both ways where it is installed.
+
+use std::path::{Path, PathBuf};
+
+use nx::ckpt::{load_safetensors, Checkpoint, Saver};
+use nx::testing::strategies::{meshes, placed_tensor, placements, shapes};
+use nx::{launch_with, LaunchOptions, MeshSpec, PlacementSpec, Tensor};
+use proptest::prelude::*;
+
+fn scratch(tag: &str) -> PathBuf {
+    let d =
+        std::env::temp_dir().join(format!("nx-ckpt-{tag}-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn opts(n: usize) -> LaunchOptions {
+    LaunchOptions { devices: Some(n), ..Default::default() }
+}
+
+/// Loads `name` on `mesh` at `spec` and answers the whole value from rank 0.
+fn load_on<T: nx::collectives::Reducible>(
+    dir: &Path,
+    mesh: &MeshSpec,
+    spec: &PlacementSpec,
+    name: &str,
+    shape: &[usize],
+) -> Vec<T> {
+    launch_with(&opts(mesh.size()), |ctx| {
+        let m = mesh.over(ctx.devices())?;
+        let p = spec.over(&m)?;
+        let t = Checkpoint::open(dir)?.load::<T>(ctx, name, &p)?;
+        assert_eq!(t.shape(), shape);
+        assert!(t.placement().equal(&p));
+        Ok(t.full()?.to_vec()?)
+    })
+    .unwrap()
+    .remove(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn saved_on_one_mesh_loads_on_any_other_bit_for_bit(
+        (case, to_mesh, to_spec) in placed_tensor(meshes(1..=3, 1..=2), shapes(0..=3, 7)).prop_flat_map(|c| {
+            let r = c.shape.len();
+            (Just(c), meshes(1..=3, 1..=3).prop_filter("at most 8 devices", |m| m.size() <= 8))
+                .prop_flat_map(move |(c, m)| (Just(c), Just(m.clone()), placements(&m, r)))
+        })
+    ) {
+        let dir = scratch("prop");
+        launch_with(&case.options(), |ctx| {
+            let m = case.mesh(ctx)?;
+            let t = case.tensor::<f64>(ctx, &m)?;
+            let b = t.cast::<half::bf16>()?;
+            let i = Tensor::<i64>::from_fn(ctx, &case.shape, &t.placement().closed(), |x| x.iter().fold(7i64, |a, &v| a * 31 + v as i64))?;
+            let mut s = Saver::new(ctx, &dir, 3)?;
+            s.add("x", &t)?;
+            s.add("b", &b)?;
+            s.add("i", &i)?;
+            s.commit(serde_json::json!({ "step": 3 }))?;
+            Ok(())
+        }).unwrap();
+        let want = case.value();
+        let got = load_on::<f64>(&dir, &to_mesh, &to_spec, "x", &case.shape);
+        prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        let got = load_on::<half::bf16>(&dir, &to_mesh, &to_spec, "b", &case.shape);
+        prop_assert_eq!(got, want.iter().map(|&v| half::bf16::from_f64(v)).collect::<Vec<_>>());
+        // every box stored once: the stored bytes are the value's
+        let ix = Checkpoint::open(&dir).unwrap();
+        let e = ix.entry("x").unwrap();
+        prop_assert_eq!(e.boxes.iter().map(|b| b.len).sum::<u64>(), 8 * want.len() as u64);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// Saves `w` (i64 [5, 3] split over rows) on 2 devices into `dir` at `step`.
+fn save_small(dir: &Path, step: u64, base: i64) {
+    launch_with(&opts(2), |ctx| {
+        let rows = nx::Placement::split(0, ctx.devices())?;
+        let w = Tensor::<i64>::from_fn(ctx, &[5, 3], &rows, |i| base + (i[0] * 3 + i[1]) as i64)?;
+        let f = Tensor::<bool>::from_fn(ctx, &[5], &nx::Placement::on(ctx.devices()), |i| i[0] % 2 == 1)?;
+        let mut s = Saver::new(ctx, dir, step)?;
+        s.add("w", &w)?;
+        s.add("flags", &f)?;
+        s.commit(serde_json::json!({ "step": step }))?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn load_err(dir: &Path) -> String {
+    launch_with(&opts(3), |ctx| {
+        let cols = nx::Placement::split(1, ctx.devices())?;
+        Ok(Checkpoint::open(dir)?.load::<i64>(ctx, "w", &cols).map(|_| ()).unwrap_err().to_string())
+    })
+    .unwrap()
+    .remove(0)
+}
+
+#[test]
+fn corrupted_and_truncated_files_are_errors_naming_them() {
+    let dir = scratch("bad");
+    save_small(&dir, 1, 0);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let b = ck.entry("w").unwrap().boxes[0].clone();
+    let file = ck.dir().join(&b.file);
+    // one flipped byte inside the box
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[b.offset as usize + 3] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
+    let e = load_err(&dir);
+    assert!(e.contains("do not match their checksum") && e.contains(&b.file) && e.contains("w:"), "{e}");
+    // cut short
+    std::fs::write(&file, &bytes[..b.offset as usize + 5]).unwrap();
+    let e = load_err(&dir);
+    assert!(e.contains("truncated") && e.contains(&b.file), "{e}");
+    // gone
+    std::fs::remove_file(&file).unwrap();
+    let e = load_err(&dir);
+    assert!(e.contains(&b.file) && e.contains("No such file"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn an_uncommitted_save_leaves_the_previous_checkpoint() {
+    let dir = scratch("atomic");
+    save_small(&dir, 1, 0);
+    save_small(&dir, 2, 100);
+    // a save that stops before its commit (a crash): the files are written, the index is not
+    launch_with(&opts(2), |ctx| {
+        let rows = nx::Placement::split(0, ctx.devices())?;
+        let w = Tensor::<i64>::from_fn(ctx, &[5, 3], &rows, |_| -1)?;
+        let mut s = Saver::new(ctx, &dir, 3)?;
+        s.add("w", &w)?;
+        drop(s);
+        Ok(())
+    })
+    .unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    assert_eq!(ck.index().step, 2);
+    let got = load_on::<i64>(&dir, &MeshSpec::new(&[("a", 3)]).unwrap(), &PlacementSpec::Split(1), "w", &[5, 3]);
+    assert_eq!(got, (0..15).map(|i| 100 + i).collect::<Vec<i64>>());
+    let flags = load_on::<bool>(&dir, &MeshSpec::new(&[("a", 1)]).unwrap(), &PlacementSpec::On, "flags", &[5]);
+    assert_eq!(flags, [false, true, false, true, false]);
+    // the two newest kept
+    save_small(&dir, 4, 200);
+    let kept: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp"))
+        .collect();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn merge_writes_one_plain_file_that_loads_onto_any_placement() {
+    let dir = scratch("merge");
+    save_small(&dir, 5, 10);
+    let file = dir.join("model.safetensors");
+    assert_eq!(nx::ckpt::merge(&dir, &file).unwrap(), 2);
+    // read back by the safetensors crate itself
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let w = st.tensor("w").unwrap();
+    assert_eq!(w.shape(), [5, 3]);
+    let vals: Vec<i64> = w.data().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(vals, (10..25).collect::<Vec<i64>>());
+    // and onto 4 devices, columns cut, by nx
+    let got = launch_with(&opts(4), |ctx| {
+        let m = ctx.mesh(&[("a", 2), ("b", 2)])?;
+        let p = nx::Placement::mesh(&m, &[(1, &["a", "b"])])?;
+        Ok(load_safetensors::<i64>(ctx, &file, "w", &p)?.full()?.to_vec()?)
+    })
+    .unwrap();
+    for g in got {
+        assert_eq!(g, (10..25).collect::<Vec<i64>>());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn python_safetensors_both_ways() {
+    let py = std::env::var_os("NX_TORCH_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/nx/torch/bin/python")));
+    let Some(py) = py.filter(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import safetensors, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        println!("SKIPPED: no Python with safetensors and numpy (scripts/test installs them)");
+        return;
+    };
+    let dir = scratch("py");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Python writes, nx reads onto 3 devices
+    let from_py = dir.join("py.safetensors");
+    let script = format!(
+        "import numpy as np; from safetensors.numpy import save_file; save_file({{'a': np.arange(35, dtype=np.float32).reshape(7, 5) / 4}}, '{}')",
+        from_py.display()
+    );
+    let out = std::process::Command::new(&py).args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got = launch_with(&opts(3), |ctx| {
+        let rows = nx::Placement::split(0, ctx.devices())?;
+        Ok(load_safetensors::<f32>(ctx, &from_py, "a", &rows)?.full()?.to_vec()?)
+    })
+    .unwrap()
+    .remove(0);
+    assert_eq!(got, (0..35).map(|i| i as f32 / 4.0).collect::<Vec<_>>());
+    // nx saves and merges, Python reads
+    save_small(&dir, 1, 7);
+    let merged = dir.join("merged.safetensors");
+    nx::ckpt::merge(&dir, &merged).unwrap();
+    let script = format!(
+        "from safetensors.numpy import load_file; t = load_file('{}'); print(t['w'].tolist(), t['flags'].tolist())",
+        merged.display()
+    );
+    let out = std::process::Command::new(&py).args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim(),
+        "[[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18], [19, 20, 21]] [False, True, False, True, False]"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
