@@ -7,7 +7,9 @@
 //! process under `mpirun -n 4` or `nx run -n 4` (built with `--features mpi`). Options:
 //! `--mesh dp=2,tp=2` (any mesh of 1–8 devices whose `tp` divides the heads), `--steps N`,
 //! `--seed N`, `--zero`, `--bf16` (bf16 compute, f32 master weights and optimizer), `--micro N`
-//! (micro-batches a step, gradients accumulated), `--digits N`, `--layers N`, `--width N`, `--heads N`, `--batch N`,
+//! (micro-batches a step, gradients accumulated), `--save DIR --save-every N` (sharded
+//! checkpoints: parameters, AdamW's state, progress; [`nx::ckpt`]), `--resume DIR` (on any mesh;
+//! `--steps` counts from the start of training), `--digits N`, `--layers N`, `--width N`, `--heads N`, `--batch N`,
 //! `--lr X`, `--no-reference`. It trains the same model on one device beside it (the same
 //! weights and batches) and exits non-zero where the two differ past the tolerance: the first 20
 //! steps' losses by more than 1e-3 relative (3e-2 in bf16; a wrong gradient shows at once), the
@@ -67,10 +69,13 @@ fn parse() -> Result<(Config, bool), String> {
             "--heads" => cfg.heads = num(val, "--heads")?,
             "--batch" => cfg.batch = num(val, "--batch")?,
             "--micro" => cfg.micro = num(val, "--micro")?.max(1),
+            "--save" => cfg.save = Some(val.into()),
+            "--save-every" => cfg.save_every = num(val, "--save-every")?.max(1),
+            "--resume" => cfg.resume = Some(val.into()),
             "--lr" => cfg.lr = val.parse().map_err(|_| format!("--lr {val}: not a number"))?,
             other => {
                 return Err(format!(
-                    "unknown option {other} (--mesh dp=2,tp=2 --steps 800 --seed 1 --zero --bf16 --micro 1 --digits 2 --layers 4 --width 128 --heads 4 --batch 64 --lr 0.0006 --no-reference)"
+                    "unknown option {other} (--mesh dp=2,tp=2 --steps 800 --seed 1 --zero --bf16 --micro 1 --save DIR --save-every 100 --resume DIR --digits 2 --layers 4 --width 128 --heads 4 --batch 64 --lr 0.0006 --no-reference)"
                 ))
             }
         }
@@ -125,7 +130,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!("the same training on one device, for reference:");
-    let one = Config { dp: 1, tp: 1, zero: false, micro: 1, ..cfg.clone() };
+    let one = Config { dp: 1, tp: 1, zero: false, micro: 1, save: None, resume: None, ..cfg.clone() };
     let local = nx::LaunchOptions { devices: Some(1), local: true, ..Default::default() };
     let reference = match nx::launch_with(&local, |ctx| gpt_task::train(ctx, &one)) {
         Ok(mut r) => r.remove(0),

@@ -218,6 +218,17 @@ impl<'d, T: Reducible> AdamW<'d, T> {
         Ok(norm)
     }
 
+    /// Sets the state of `name` (resuming from a checkpoint): its moments must lie where the
+    /// update runs (the parameter's placement, or [`shard`] of it under ZeRO).
+    pub fn set_state(&mut self, name: &str, state: Moments<'d, T>) {
+        self.state.insert(name.to_string(), state);
+    }
+
+    /// Every parameter's state, by name.
+    pub fn states(&self) -> impl Iterator<Item = (&String, &Moments<'d, T>)> {
+        self.state.iter()
+    }
+
     /// The state of `name` (first and second moments, placed as they are kept, and its update
     /// count), or `None`.
     pub fn state(&self, name: &str) -> Option<&Moments<'d, T>> {

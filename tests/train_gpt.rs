@@ -90,3 +90,24 @@ fn bf16_compute_with_f32_master_weights_trains_and_tracks_f32() {
         assert!((a - b).abs() <= 2e-2 * b.abs(), "step {i}: bf16 on 2×2 {a} vs one device {b}");
     }
 }
+
+#[test]
+fn a_run_resumed_from_a_checkpoint_continues_as_the_uninterrupted_one() {
+    let root = std::env::temp_dir().join(format!("nx-gpt-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    // six steps, saved at 3 and 6
+    let straight = run(&gpt_task::Config { save: Some(root.clone()), save_every: 3, ..small(2, 2, true) });
+    let at3 = root.join("ckpt-0000000003");
+    assert!(at3.join("index.json").exists());
+    // resumed from step 3 on the same mesh: the same bits
+    let same = run(&gpt_task::Config { resume: Some(at3.clone()), ..small(2, 2, true) });
+    assert_eq!(same.losses, straight.losses);
+    assert_eq!(same.params, straight.params);
+    // on other meshes (the state resharded; sums in another order: to rounding)
+    for (dp, tp, zero) in [(1, 1, false), (3, 1, true), (1, 4, false)] {
+        let other = run(&gpt_task::Config { resume: Some(at3.clone()), ..small(dp, tp, zero) });
+        assert_eq!(other.losses[..3], straight.losses[..3], "the first three losses come from the checkpoint");
+        compare(&other, &straight, 1e-4, &format!("resumed on dp={dp},tp={tp}"));
+    }
+    std::fs::remove_dir_all(&root).ok();
+}

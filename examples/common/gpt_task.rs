@@ -51,6 +51,12 @@ pub struct Config {
     pub bf16: bool,
     /// Micro-batches a step (gradients accumulated).
     pub micro: usize,
+    /// Save checkpoints under this root.
+    pub save: Option<std::path::PathBuf>,
+    /// Save every this many steps (and at the end).
+    pub save_every: usize,
+    /// Resume from the checkpoint this root's `latest` names.
+    pub resume: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -71,6 +77,9 @@ impl Default for Config {
             verbose: true,
             bf16: false,
             micro: 1,
+            save: None,
+            save_every: 100,
+            resume: None,
         }
     }
 }
@@ -181,16 +190,39 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
     if cfg.zero {
         opt.zero = Some(Zero { axis: "dp".into() });
     }
+    let mut losses = Vec::with_capacity(cfg.steps);
+    let mut first_step = 0;
+    if let Some(dir) = &cfg.resume {
+        // parameters, optimizer state and progress; the losses so far, so that the run reads as
+        // an uninterrupted one
+        let ck = nx::ckpt::Checkpoint::open(dir)?;
+        let meta = ck.index().meta.clone();
+        first_step = meta["step"].as_u64().unwrap_or(0) as usize;
+        losses = meta["losses"].as_array().map(|v| v.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default();
+        let names: Vec<(String, nx::Placement<'_>)> =
+            params.iter().map(|(n, p)| (n.to_string(), p.placement().clone())).collect();
+        for (name, at) in names {
+            let w = ck.load::<f32>(ctx, &name, &at)?;
+            if ck.entry(&format!("adam.{name}.m")).is_some() {
+                let at = if cfg.zero { nx::optim::shard(&at, w.shape(), "dp")? } else { at.clone() };
+                let m = ck.load::<f32>(ctx, &format!("adam.{name}.m"), &at)?;
+                let v = ck.load::<f32>(ctx, &format!("adam.{name}.v"), &at)?;
+                let steps = meta["adam_steps"][&name].as_u64().unwrap_or(0);
+                opt.set_state(&name, nx::optim::Moments { m, v, steps });
+            }
+            params.set(&name, w)?;
+        }
+    }
     let bar = (cfg.verbose && ctx.rank() == 0).then(|| {
         let b = indicatif::ProgressBar::new(cfg.steps as u64);
+        b.set_position(first_step as u64);
         b.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"));
         b
     });
-    let mut losses = Vec::with_capacity(cfg.steps);
     let t = 3 * cfg.digits + 2;
     // timed from the end of the first step (the pools and caches warm), where there are more
-    let (mut start, mut first) = (Instant::now(), 0);
-    for step in 0..cfg.steps {
+    let (mut start, mut first) = (Instant::now(), first_step);
+    for step in first_step..cfg.steps {
         let (ids, labels) = batch_host(cfg, step);
         // micro-batches of consecutive rows, each loss weighted by its share of the rows (every
         // row has as many answer tokens), their gradients accumulated
@@ -225,22 +257,53 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
         let lr = warmup_cosine(step, cfg.steps / 20 + 1, cfg.steps, cfg.lr, cfg.lr / 10.0);
         opt.step(&mut params, &grads, lr)?;
         losses.push(l);
-        if step == 0 && cfg.steps > 1 {
-            (start, first) = (Instant::now(), 1);
+        if let Some(dir) = &cfg.save {
+            if (step + 1) % cfg.save_every.max(1) == 0 || step + 1 == cfg.steps {
+                save_state(ctx, dir, step + 1, &params, &opt, &losses)?;
+            }
+        }
+        if step == first_step && step + 1 < cfg.steps {
+            (start, first) = (Instant::now(), step + 1);
         }
         if let Some(b) = &bar {
             b.inc(1);
-            let tps = (step + 1 - first) as f64 * (cfg.batch * t) as f64 / start.elapsed().as_secs_f64();
+            let tps = (step + 1).saturating_sub(first) as f64 * (cfg.batch * t) as f64 / start.elapsed().as_secs_f64();
             b.set_message(format!("loss {l:.4}, {tps:.0} tokens/s"));
         }
     }
     if let Some(b) = bar {
         b.finish();
     }
-    let tokens_per_s = ((cfg.steps - first) * cfg.batch * t) as f64 / start.elapsed().as_secs_f64();
+    let tokens_per_s = (cfg.steps.saturating_sub(first) * cfg.batch * t) as f64 / start.elapsed().as_secs_f64();
     let accuracy = score(ctx, cfg, &gpt, &layout, &params)?;
     let params = params.iter().map(|(n, p)| Ok((n.to_string(), p.full()?.to_vec()?))).collect::<Result<Vec<_>>>()?;
     Ok(Outcome { losses, accuracy, tokens_per_s, params })
+}
+
+/// Saves the parameters, AdamW's state and the progress (the step, the losses so far) as
+/// checkpoint `step` under `dir`.
+fn save_state<'d>(
+    ctx: &Ctx<'d>,
+    dir: &std::path::Path,
+    step: usize,
+    params: &Params<'d, f32>,
+    opt: &AdamW<'d, f32>,
+    losses: &[f64],
+) -> Result<()> {
+    let mut s = nx::ckpt::Saver::new(ctx, dir, step as u64)?;
+    for (name, p) in params.iter() {
+        s.add(name, p)?;
+    }
+    let mut states: Vec<(&String, &nx::optim::Moments<'d, f32>)> = opt.states().collect();
+    states.sort_by(|a, b| a.0.cmp(b.0));
+    let mut steps = serde_json::Map::new();
+    for (name, st) in states {
+        s.add(&format!("adam.{name}.m"), &st.m)?;
+        s.add(&format!("adam.{name}.v"), &st.v)?;
+        steps.insert(name.clone(), serde_json::json!(st.steps));
+    }
+    s.commit(serde_json::json!({ "step": step, "losses": losses, "adam_steps": steps }))?;
+    Ok(())
 }
 
 /// Exact-match accuracy on the held-out problems: each answer digit generated greedily from the

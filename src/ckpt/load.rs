@@ -65,6 +65,9 @@ fn header_of_file(path: &Path) -> Result<(u64, HashMap<String, HeaderEntry>)> {
     header(&bytes, path)
 }
 
+/// A tensor whole on the host: name, safetensors dtype, shape, bytes.
+pub type Whole = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
 /// A committed checkpoint, opened: its index.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
@@ -138,7 +141,7 @@ impl Checkpoint {
     ///
     /// # Errors
     /// As [`Checkpoint::load`]; a dtype safetensors has not.
-    pub fn whole(&self) -> Result<Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>> {
+    pub fn whole(&self) -> Result<Vec<Whole>> {
         let mut out = Vec::new();
         for e in &self.index.tensors {
             let dtype: crate::Dtype =

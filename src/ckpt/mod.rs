@@ -46,7 +46,7 @@ mod save;
 
 use serde::{Deserialize, Serialize};
 
-pub use load::{load_safetensors, Checkpoint};
+pub use load::{load_safetensors, Checkpoint, Whole};
 pub use save::Saver;
 
 /// The index of a checkpoint (`index.json`).

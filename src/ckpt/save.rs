@@ -47,6 +47,9 @@ fn sync_dir(path: &Path) -> Result<()> {
     File::open(path).and_then(|f| f.sync_all()).map_err(|e| err(FUNC, format!("{}: {e}", path.display())))
 }
 
+/// A box this rank stores: tensor name, dtype, extent, bytes, start.
+type Stored = (String, safetensors::Dtype, Vec<usize>, Vec<u8>, Vec<usize>);
+
 /// A checkpoint being saved: tensors added on every rank alike, then [`Saver::commit`].
 pub struct Saver<'d> {
     ctx: Ctx<'d>,
@@ -55,7 +58,7 @@ pub struct Saver<'d> {
     tmp: PathBuf,
     entries: Vec<TensorEntry>,
     /// This rank's boxes: (tensor name, dtype, extent, bytes, start).
-    mine: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>, Vec<usize>)>,
+    mine: Vec<Stored>,
 }
 
 impl std::fmt::Debug for Saver<'_> {
