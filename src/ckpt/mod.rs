@@ -23,6 +23,7 @@
 //! The ranks share one file system (one host, or a shared mount across hosts).
 //!
 //! ```
+//! # use nx::collectives::Communicator;
 //! # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
 //! let dir = std::env::temp_dir().join(format!("nx-ckpt-doc-{}", std::process::id()));
 //! let rows = nx::Placement::split(0, ctx.devices())?;
