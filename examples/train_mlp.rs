@@ -5,7 +5,8 @@
 //!
 //! Runs on the simulated mesh by default (`cargo run --release --example train_mlp`), and one rank
 //! per process under `mpirun -n 4` (built with `--features mpi`). Options: `--mesh dp=2,tp=4`,
-//! `--steps N`, `--lr X`. It checks its own result against the same training on one device and
+//! `--steps N`, `--lr X`, `--save DIR --save-every N`, `--resume DIR` (sharded checkpoints of the
+//! parameters and the step, [`nx::ckpt`]; resumed on any mesh, `--steps` counting from the start). It checks its own result against the same training on one device and
 //! exits non-zero when they differ by more than 1e-5 relative, or when the held-out accuracy is
 //! not above 90%.
 
@@ -31,7 +32,10 @@ fn parse() -> Result<mlp::Config, String> {
             }
             "--steps" => cfg.steps = val.parse().map_err(|_| format!("--steps {val}: not a number"))?,
             "--lr" => cfg.lr = val.parse().map_err(|_| format!("--lr {val}: not a number"))?,
-            other => return Err(format!("unknown option {other} (--mesh dp=2,tp=2 --steps 150 --lr 0.5)")),
+            "--save" => cfg.save = Some(val.into()),
+            "--save-every" => cfg.save_every = val.parse().map_err(|_| format!("--save-every {val}: not a number"))?,
+            "--resume" => cfg.resume = Some(val.into()),
+            other => return Err(format!("unknown option {other} (--mesh dp=2,tp=2 --steps 150 --lr 0.5 --save DIR --save-every 50 --resume DIR)")),
         }
         i += 2;
     }

@@ -57,12 +57,24 @@ proptest! {
         launch_with(&case.options(), |ctx| {
             let m = case.mesh(ctx)?;
             let t = case.tensor::<f64>(ctx, &m)?;
-            let b = t.cast::<half::bf16>()?;
-            let i = Tensor::<i64>::from_fn(ctx, &case.shape, &t.placement().closed(), |x| x.iter().fold(7i64, |a, &v| a * 31 + v as i64))?;
+            // the conversions of the closed value (a sum's terms would round one by one)
+            let closed = t.place(&t.placement().closed())?;
+            let b = closed.cast::<half::bf16>()?;
             let mut s = Saver::new(ctx, &dir, 3)?;
             s.add("x", &t)?;
             s.add("b", &b)?;
-            s.add("i", &i)?;
+            // every other dtype
+            let t = closed;
+            s.add("f32", &t.cast::<f32>()?)?;
+            s.add("f16", &t.cast::<half::f16>()?)?;
+            s.add("i8", &t.scale(8.0)?.cast::<i8>()?)?;
+            s.add("i16", &t.scale(1000.0)?.cast::<i16>()?)?;
+            s.add("i32", &t.scale(1e6)?.cast::<i32>()?)?;
+            s.add("u8", &t.cast::<u8>()?)?;
+            s.add("u16", &t.scale(1000.0)?.cast::<u16>()?)?;
+            s.add("u32", &t.scale(1e6)?.cast::<u32>()?)?;
+            s.add("u64", &t.scale(1e6)?.cast::<u64>()?)?;
+            s.add("bool", &t.cast::<bool>()?)?;
             s.commit(serde_json::json!({ "step": 3 }))?;
             Ok(())
         }).unwrap();
@@ -71,12 +83,78 @@ proptest! {
         prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         let got = load_on::<half::bf16>(&dir, &to_mesh, &to_spec, "b", &case.shape);
         prop_assert_eq!(got, want.iter().map(|&v| half::bf16::from_f64(v)).collect::<Vec<_>>());
+        // the other dtypes, all in one launch: as the conversions of the value give them
+        let all = every_dtype(&dir, &to_mesh, &to_spec, &case.shape);
+        let sum = case.shape.iter().product::<usize>();
+        for (name, scale, got) in all {
+            prop_assert_eq!(got.len(), sum);
+            let want: Vec<String> = want.iter().map(|&v| convert(name, v * scale)).collect();
+            prop_assert_eq!(got, want, "{}", name);
+        }
         // every box stored once: the stored bytes are the value's
         let ix = Checkpoint::open(&dir).unwrap();
         let e = ix.entry("x").unwrap();
         prop_assert_eq!(e.boxes.iter().map(|b| b.len).sum::<u64>(), 8 * want.len() as u64);
         std::fs::remove_dir_all(&dir).ok();
     }
+}
+
+/// `v` converted to dtype `name` by nx's rules, printed.
+fn convert(name: &str, v: f64) -> String {
+    use nx::from_f64;
+    match name {
+        "f32" => format!("{:?}", from_f64::<f32>(v)),
+        "f16" => format!("{:?}", from_f64::<half::f16>(v)),
+        "i8" => format!("{:?}", from_f64::<i8>(v)),
+        "i16" => format!("{:?}", from_f64::<i16>(v)),
+        "i32" => format!("{:?}", from_f64::<i32>(v)),
+        "u8" => format!("{:?}", from_f64::<u8>(v)),
+        "u16" => format!("{:?}", from_f64::<u16>(v)),
+        "u32" => format!("{:?}", from_f64::<u32>(v)),
+        "u64" => format!("{:?}", from_f64::<u64>(v)),
+        _ => format!("{:?}", from_f64::<bool>(v)),
+    }
+}
+
+/// Every other dtype's tensor loaded on `mesh` at `spec`: (name, the scale it was saved at, its
+/// elements printed).
+fn every_dtype(
+    dir: &Path,
+    mesh: &MeshSpec,
+    spec: &PlacementSpec,
+    shape: &[usize],
+) -> Vec<(&'static str, f64, Vec<String>)> {
+    launch_with(&opts(mesh.size()), |ctx| {
+        let m = mesh.over(ctx.devices())?;
+        let p = spec.over(&m)?;
+        let ck = Checkpoint::open(dir)?;
+        fn one<'d, T: nx::collectives::Reducible>(
+            ck: &Checkpoint,
+            ctx: &nx::Ctx<'d>,
+            n: &str,
+            p: &nx::Placement<'d>,
+            shape: &[usize],
+        ) -> nx::Result<Vec<String>> {
+            let t = ck.load::<T>(ctx, n, p)?;
+            assert_eq!(t.shape(), shape);
+            Ok(t.full()?.to_vec()?.iter().map(|v| format!("{v:?}")).collect())
+        }
+        Ok(vec![
+            ("f32", 1.0, one::<f32>(&ck, ctx, "f32", &p, shape)?),
+            ("f16", 1.0, one::<half::f16>(&ck, ctx, "f16", &p, shape)?),
+            ("i8", 8.0, one::<i8>(&ck, ctx, "i8", &p, shape)?),
+            ("i16", 1000.0, one::<i16>(&ck, ctx, "i16", &p, shape)?),
+            ("i32", 1e6, one::<i32>(&ck, ctx, "i32", &p, shape)?),
+            ("u8", 1.0, one::<u8>(&ck, ctx, "u8", &p, shape)?),
+            ("u16", 1000.0, one::<u16>(&ck, ctx, "u16", &p, shape)?),
+            ("u32", 1e6, one::<u32>(&ck, ctx, "u32", &p, shape)?),
+            ("u64", 1e6, one::<u64>(&ck, ctx, "u64", &p, shape)?),
+            // (booleans have no sum: a partial target is closed)
+            ("bool", 1.0, one::<bool>(&ck, ctx, "bool", &p.closed(), shape)?),
+        ])
+    })
+    .unwrap()
+    .remove(0)
 }
 
 /// Saves `w` (i64 [5, 3] split over rows) on 2 devices into `dir` at `step`.

@@ -26,6 +26,13 @@ pub struct Config {
     pub classes: usize,
     /// Print progress (rank 0).
     pub verbose: bool,
+    /// Save a checkpoint (W1, b1, W2, b2 and the step) under this root every `save_every` steps
+    /// and at the end.
+    pub save: Option<std::path::PathBuf>,
+    /// Steps between checkpoints.
+    pub save_every: usize,
+    /// Resume from the checkpoint this root's `latest` names (any mesh).
+    pub resume: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -41,6 +48,9 @@ impl Default for Config {
             hidden: 33,
             classes: 4,
             verbose: true,
+            save: None,
+            save_every: 50,
+            resume: None,
         }
     }
 }
@@ -85,7 +95,16 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
     let mut w2 = Tensor::<f64>::randn(ctx, &[h, c], &vec_tp, SEED_W2)?.scale(1.0 / (h as f64).sqrt())?;
     let mut b2 = Tensor::<f64>::zeros(ctx, &[c], &copies)?;
     let mut loss = f64::NAN;
-    for step in 0..=cfg.steps {
+    let mut first = 0;
+    if let Some(dir) = &cfg.resume {
+        let ck = nx::ckpt::Checkpoint::open(dir)?;
+        first = ck.index().meta["step"].as_u64().unwrap_or(0) as usize;
+        w1 = ck.load(ctx, "w1", &cols)?;
+        b1 = ck.load(ctx, "b1", &vec_tp)?;
+        w2 = ck.load(ctx, "w2", &vec_tp)?;
+        b2 = ck.load(ctx, "b2", &copies)?;
+    }
+    for step in first..=cfg.steps {
         let (pre, act, logits) = forward(&xs, [&w1, &b1, &w2, &b2], &rows)?;
         // softmax cross-entropy, row by row (each rank holds whole rows)
         let (probs, row_loss) = softmax_xent(&logits, &ys, &rows, b, c)?;
@@ -109,6 +128,15 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
         b1 = b1.sub(&db1.scale(cfg.lr)?)?;
         w2 = w2.sub(&dw2.scale(cfg.lr)?)?;
         b2 = b2.sub(&db2.scale(cfg.lr)?)?;
+        if let Some(dir) = &cfg.save {
+            if (step + 1) % cfg.save_every.max(1) == 0 || step + 1 == cfg.steps {
+                let mut s = nx::ckpt::Saver::new(ctx, dir, (step + 1) as u64)?;
+                for (n, t) in [("w1", &w1), ("b1", &b1), ("w2", &w2), ("b2", &b2)] {
+                    s.add(n, t)?;
+                }
+                s.commit(serde_json::json!({ "step": step + 1 }))?;
+            }
+        }
     }
     // held-out accuracy
     let tx = Tensor::<f64>::from_fn(ctx, &[cfg.test, d], &rows, |i| x(i[0], i[1], cfg, b))?;

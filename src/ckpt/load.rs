@@ -329,3 +329,13 @@ fn fill(
     }
     Ok(covered)
 }
+
+impl<'d, T: Reducible> Tensor<'d, T> {
+    /// Tensor `name` of the plain safetensors file `file` at `placement`: [`load_safetensors`].
+    ///
+    /// # Errors
+    /// As [`load_safetensors`].
+    pub fn load(ctx: &Ctx<'d>, file: impl AsRef<Path>, name: &str, placement: &Placement<'d>) -> Result<Self> {
+        load_safetensors(ctx, file, name, placement)
+    }
+}

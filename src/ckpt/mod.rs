@@ -4,9 +4,12 @@
 //! newest. A checkpoint is a directory of safetensors files, `rank<r>.safetensors` (the boxes rank
 //! `r` wrote), and one `index.json` ([`Index`]): for every tensor its name, dtype, global shape,
 //! the placement it was saved at (text), and each stored box (start, extents) with its file, byte
-//! range and FNV-1a 64 checksum; plus the caller's metadata (JSON: step, data position, …). Each
+//! range and checksum (FNV-1a 64 over 64-bit words); plus the caller's metadata (JSON: step, data position, …). Each
 //! box of the global value is written once: of the devices holding one window (copies), the first
 //! writes it. A partial value is closed before it is written ([`Saver::add`] places it).
+//!
+//! **Streaming.** Each rank's boxes go to its file at the commit straight from the windows where
+//! they lie (the header first, every size being known): no staging copy of a shard.
 //!
 //! **Atomic.** Every rank writes into `ckpt-<step>.tmp`, fsyncs its files and reports; then rank 0
 //! writes the index last, fsyncs, renames the directory into place and then `latest` (written
@@ -17,7 +20,7 @@
 //! **Load.** [`Checkpoint::load`] reads, on each rank, only the boxes that intersect its window at
 //! the target placement (byte ranges read where they lie), checks each box's checksum and
 //! assembles the window exactly (uneven extents included); a missing, truncated or corrupted file
-//! is an error naming the file and the tensor. [`load_safetensors`] reads one tensor of a plain
+//! is an error naming the file and the tensor. [`load_safetensors`] (= `Tensor::load`) reads one tensor of a plain
 //! safetensors file (Python's `safetensors`, PyTorch, Hugging Face) onto any placement.
 //!
 //! The ranks share one file system (one host, or a shared mount across hosts).
@@ -91,13 +94,26 @@ pub struct BoxEntry {
     pub offset: u64,
     /// The bytes.
     pub len: u64,
-    /// FNV-1a 64 of the bytes, hexadecimal.
+    /// The bytes' checksum (FNV-1a 64 over their 64-bit words, then their length), hexadecimal.
     pub fnv64: String,
 }
 
-/// FNV-1a 64 of `bytes`.
+/// The checksum of `bytes`: FNV-1a 64 over their little-endian 64-bit words (the last, short
+/// word padded with zeros), then their length: eight times fewer multiplications than
+/// byte-wise FNV-1a.
 pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        h = (h ^ u64::from_le_bytes(w.try_into().expect("8 bytes"))).wrapping_mul(0x0100_0000_01b3);
+    }
+    let rest = words.remainder();
+    if !rest.is_empty() {
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        h = (h ^ u64::from_le_bytes(last)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (h ^ bytes.len() as u64).wrapping_mul(0x0100_0000_01b3)
 }
 
 /// The safetensors dtype of an nx dtype, or `None` (complex numbers).

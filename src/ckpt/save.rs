@@ -13,10 +13,10 @@ use crate::{Ctx, Placement, Result, Tensor};
 const FUNC: &str = "nx::ckpt::Saver";
 
 /// The bytes of `v` as they lie in memory (little-endian on the hosts nx runs on).
-pub(crate) fn bytes_of<T: Copy>(v: &[T]) -> Vec<u8> {
+pub(crate) fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
     // SAFETY: `v` is `size_of_val(v)` initialised bytes of plain numbers (or bools, one byte of 0
-    // or 1 each); they are read, not written, while `v` is borrowed.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }.to_vec()
+    // or 1 each); they are read, not written, while `v` is borrowed, for as long.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 /// Every rank's `mine` agreed: `Ok` where every rank's is, else on every rank an error naming the
@@ -47,8 +47,18 @@ fn sync_dir(path: &Path) -> Result<()> {
     File::open(path).and_then(|f| f.sync_all()).map_err(|e| err(FUNC, format!("{}: {e}", path.display())))
 }
 
-/// A box this rank stores: tensor name, dtype, extent, bytes, start.
-type Stored = (String, safetensors::Dtype, Vec<usize>, Vec<u8>, Vec<usize>);
+/// Writes a box's bytes where they lie (no staging copy) and answers their checksum.
+type WriteBox<'d> = Box<dyn Fn(&mut dyn Write) -> Result<u64> + 'd>;
+
+/// A box this rank stores, written at the commit.
+struct Stored<'d> {
+    name: String,
+    dtype: safetensors::Dtype,
+    start: Vec<usize>,
+    extent: Vec<usize>,
+    len: u64,
+    write: WriteBox<'d>,
+}
 
 /// A checkpoint being saved: tensors added on every rank alike, then [`Saver::commit`].
 pub struct Saver<'d> {
@@ -57,8 +67,14 @@ pub struct Saver<'d> {
     step: u64,
     tmp: PathBuf,
     entries: Vec<TensorEntry>,
-    /// This rank's boxes: (tensor name, dtype, extent, bytes, start).
-    mine: Vec<Stored>,
+    /// This rank's boxes.
+    mine: Vec<Stored<'d>>,
+}
+
+impl std::fmt::Debug for Stored<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stored({} {:?}+{:?})", self.name, self.start, self.extent)
+    }
 }
 
 impl std::fmt::Debug for Saver<'_> {
@@ -112,10 +128,22 @@ impl<'d> Saver<'d> {
         if let (Some(w), Some(a), Some(first)) = (&windows[me], &t.local, first) {
             let n: usize = w.iter().map(|r| r.len()).product();
             if first == me && n > 0 {
-                let bytes = bytes_of(&a.to_vec()?);
-                let start = w.iter().map(|r| r.start).collect();
-                let extent = w.iter().map(|r| r.len()).collect();
-                self.mine.push((name.to_string(), dt, extent, bytes, start));
+                let a = if a.layout().is_contiguous() { a.clone() } else { a.copy()? };
+                let what = name.to_string();
+                self.mine.push(Stored {
+                    name: name.to_string(),
+                    dtype: dt,
+                    start: w.iter().map(|r| r.start).collect(),
+                    extent: w.iter().map(|r| r.len()).collect(),
+                    len: (n * std::mem::size_of::<T>()) as u64,
+                    write: Box::new(move |out: &mut dyn Write| {
+                        a.with_slice(|v| {
+                            let b = bytes_of(v);
+                            out.write_all(b).map_err(|e| err(FUNC, format!("{what}: {e}")))?;
+                            Ok(fnv64(b))
+                        })?
+                    }),
+                });
             }
         }
         self.entries.push(TensorEntry {
@@ -140,35 +168,46 @@ impl<'d> Saver<'d> {
         let wrote = (|| -> Result<()> {
             let mut boxes: Vec<(String, BoxEntry)> = Vec::new();
             if !self.mine.is_empty() {
-                let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = self
-                    .mine
-                    .iter()
-                    .map(|(n, d, e, b, _)| {
-                        let v = safetensors::tensor::TensorView::new(*d, e.clone(), b)
-                            .map_err(|x| err(FUNC, format!("{n}: {x}")))?;
-                        Ok((n.clone(), v))
-                    })
-                    .collect::<Result<_>>()?;
+                // the safetensors header first (every box's size is known), then each box's bytes
+                // straight from its window
+                let mut header = serde_json::Map::new();
+                let mut at = 0u64;
+                for b in &self.mine {
+                    header.insert(
+                        b.name.clone(),
+                        serde_json::json!({ "dtype": super::st_name(b.dtype), "shape": b.extent, "data_offsets": [at, at + b.len] }),
+                    );
+                    at += b.len;
+                }
+                let mut text =
+                    serde_json::to_vec(&serde_json::Value::Object(header)).map_err(|x| err(FUNC, x.to_string()))?;
+                while text.len() % 8 != 0 {
+                    text.push(b' ');
+                }
                 let path = self.tmp.join(&file);
-                let bytes =
-                    safetensors::serialize(views, &None).map_err(|x| err(FUNC, format!("{}: {x}", path.display())))?;
-                write_synced(&path, &bytes)?;
-                // each box's byte range, from the header just written
-                let (data_start, ranges) = super::load::header(&bytes, &path)?;
-                for (n, _, e, b, s) in &self.mine {
-                    let (a, z) = ranges.get(n).map(|r| r.2).ok_or_else(|| err(FUNC, format!("{n}: not in {file}")))?;
+                let io = |e: std::io::Error| err(FUNC, format!("{}: {e}", path.display()));
+                let f = File::create(&path).map_err(io)?;
+                let mut out = std::io::BufWriter::with_capacity(1 << 20, f);
+                out.write_all(&(text.len() as u64).to_le_bytes()).map_err(io)?;
+                out.write_all(&text).map_err(io)?;
+                let data = 8 + text.len() as u64;
+                let mut at = 0u64;
+                for b in &self.mine {
+                    let sum = (b.write)(&mut out)?;
                     boxes.push((
-                        n.clone(),
+                        b.name.clone(),
                         BoxEntry {
-                            start: s.clone(),
-                            extent: e.clone(),
+                            start: b.start.clone(),
+                            extent: b.extent.clone(),
                             file: file.clone(),
-                            offset: data_start + a,
-                            len: z - a,
-                            fnv64: format!("{:016x}", fnv64(b)),
+                            offset: data + at,
+                            len: b.len,
+                            fnv64: format!("{sum:016x}"),
                         },
                     ));
+                    at += b.len;
                 }
+                out.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
             }
             let frag = serde_json::to_vec(&boxes).map_err(|x| err(FUNC, x.to_string()))?;
             write_synced(&self.tmp.join(format!("rank{rank}.json")), &frag)
