@@ -311,3 +311,30 @@ fn python_safetensors_both_ways() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn an_asynchronous_save_overlaps_the_next_steps_and_commits_the_values_it_was_given() {
+    let dir = scratch("async");
+    let got = launch_with(&opts(4), |ctx| {
+        let m = ctx.mesh(&[("dp", 2), ("tp", 2)])?;
+        let p = nx::Placement::mesh(&m, &[(0, &["dp"]), (1, &["tp"])])?;
+        let mut w = Tensor::<f32>::from_fn(ctx, &[9, 7], &p, |i| (i[0] * 7 + i[1]) as f32)?;
+        let mut s = Saver::new(ctx, &dir, 1)?;
+        s.add("w", &w)?;
+        let pending = s.commit_async(serde_json::json!({ "step": 1 }));
+        // the next steps: new values, collectives, while the files are written
+        for _ in 0..5 {
+            w = w.scale(2.0)?.add(&w)?;
+            let _ = w.full()?;
+        }
+        let at = pending.wait()?;
+        assert!(at.ends_with("ckpt-0000000001"));
+        let back = Checkpoint::open(&dir)?.load::<f32>(ctx, "w", &nx::Placement::split(1, ctx.devices())?)?;
+        Ok(back.full()?.to_vec()?)
+    })
+    .unwrap();
+    for g in got {
+        assert_eq!(g, (0..63).map(|k| k as f32).collect::<Vec<_>>());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

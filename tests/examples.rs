@@ -118,3 +118,36 @@ fn examples_run_under_mpirun_with_the_same_bits() {
     cmd.args(GPT);
     assert_eq!(checksum(&run(cmd, Duration::from_secs(300))), gpt_mpi, "train_gpt under MPI and on the simulated mesh");
 }
+
+/// A rank killed (SIGKILL) in the middle of a save, through `nx run`: the run fails naming it,
+/// the previous checkpoint stays the one `latest` names and loads, and no partial checkpoint is
+/// visible.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_rank_killed_during_a_save_leaves_the_previous_checkpoint() {
+    let dir = std::env::temp_dir().join(format!("nx-ckpt-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nx = example("placements").parent().and_then(|d| d.parent()).expect("target/<profile>").join("nx");
+    let mut cmd = Command::new(&nx);
+    cmd.args(["run", "-n", "2", "--mpi", "--"]).arg(example("ckpt_crash")).arg(&dir).args(["--die-at", "3"]);
+    let out = run(cmd, Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run fails");
+    assert!(err.contains("rank 1") && err.contains("signal 9"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("saved step 2") && !text.contains("saved step 3"), "{text}");
+    let ck = nx::ckpt::Checkpoint::open(&dir).unwrap();
+    assert_eq!(ck.index().step, 2);
+    let names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(!names.iter().any(|n| n == "ckpt-0000000003"), "{names:?}");
+    let got = nx::launch_with(&nx::LaunchOptions { devices: Some(3), ..Default::default() }, |ctx| {
+        let cols = nx::Placement::split(1, ctx.devices())?;
+        Ok(nx::ckpt::Checkpoint::open(&dir)?.load::<f32>(ctx, "w", &cols)?.full()?.to_vec()?)
+    })
+    .unwrap()
+    .remove(0);
+    let want: Vec<f32> = (0..1024 * 256).map(|k| 2000.0 + ((k / 256) % 7) as f32 + (k % 256) as f32).collect();
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -11,6 +11,10 @@
 //! **Streaming.** Each rank's boxes go to its file at the commit straight from the windows where
 //! they lie (the header first, every size being known): no staging copy of a shard.
 //!
+//! **Asynchronous.** [`Saver::commit_async`] writes the files on a thread of each rank's while
+//! training goes on (a window is a value no op changes: holding it is the snapshot);
+//! [`PendingSave::wait`] agrees and commits.
+//!
 //! **Atomic.** Every rank writes into `ckpt-<step>.tmp`, fsyncs its files and reports; then rank 0
 //! writes the index last, fsyncs, renames the directory into place and then `latest` (written
 //! beside and renamed), so a crash at any moment leaves the previous checkpoint the one `latest`
@@ -51,7 +55,7 @@ mod save;
 use serde::{Deserialize, Serialize};
 
 pub use load::{load_safetensors, Checkpoint, Whole};
-pub use save::Saver;
+pub use save::{PendingSave, Saver};
 
 /// The index of a checkpoint (`index.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

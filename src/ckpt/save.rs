@@ -48,16 +48,16 @@ fn sync_dir(path: &Path) -> Result<()> {
 }
 
 /// Writes a box's bytes where they lie (no staging copy) and answers their checksum.
-type WriteBox<'d> = Box<dyn Fn(&mut dyn Write) -> Result<u64> + 'd>;
+type WriteBox = Box<dyn Fn(&mut dyn Write) -> Result<u64> + Send>;
 
 /// A box this rank stores, written at the commit.
-struct Stored<'d> {
+struct Stored {
     name: String,
     dtype: safetensors::Dtype,
     start: Vec<usize>,
     extent: Vec<usize>,
     len: u64,
-    write: WriteBox<'d>,
+    write: WriteBox,
 }
 
 /// A checkpoint being saved: tensors added on every rank alike, then [`Saver::commit`].
@@ -68,10 +68,10 @@ pub struct Saver<'d> {
     tmp: PathBuf,
     entries: Vec<TensorEntry>,
     /// This rank's boxes.
-    mine: Vec<Stored<'d>>,
+    mine: Vec<Stored>,
 }
 
-impl std::fmt::Debug for Stored<'_> {
+impl std::fmt::Debug for Stored {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Stored({} {:?}+{:?})", self.name, self.start, self.extent)
     }
@@ -162,56 +162,32 @@ impl<'d> Saver<'d> {
     ///
     /// # Errors
     /// A rank that fails to write (every rank then fails, nothing committed).
-    pub fn commit(self, meta: serde_json::Value) -> Result<PathBuf> {
+    pub fn commit(mut self, meta: serde_json::Value) -> Result<PathBuf> {
+        let mine = std::mem::take(&mut self.mine);
+        let wrote = write_rank(&self.tmp, self.ctx.rank(), &mine);
+        self.finish(wrote, meta)
+    }
+
+    /// [`Saver::commit`] with this rank's file written by a thread of its own while the caller
+    /// goes on (the next training steps): the windows are values no op changes, so holding them
+    /// is the snapshot. [`PendingSave::wait`] ends the save (the agreement and the commit: every
+    /// rank calls it).
+    ///
+    /// # Errors
+    /// None here; [`PendingSave::wait`] answers the save's.
+    pub fn commit_async(mut self, meta: serde_json::Value) -> PendingSave<'d> {
+        let mine = std::mem::take(&mut self.mine);
+        let (tmp, rank) = (self.tmp.clone(), self.ctx.rank());
+        let writer = std::thread::Builder::new()
+            .name(format!("nx-ckpt-{rank}"))
+            .spawn(move || write_rank(&tmp, rank, &mine))
+            .map_err(|e| err(FUNC, format!("cannot start the writer thread: {e}")));
+        PendingSave { saver: self, writer, meta }
+    }
+
+    /// Agrees that every rank wrote, then rank 0 commits.
+    fn finish(self, wrote: Result<()>, meta: serde_json::Value) -> Result<PathBuf> {
         let rank = self.ctx.rank();
-        let file = format!("rank{rank}.safetensors");
-        let wrote = (|| -> Result<()> {
-            let mut boxes: Vec<(String, BoxEntry)> = Vec::new();
-            if !self.mine.is_empty() {
-                // the safetensors header first (every box's size is known), then each box's bytes
-                // straight from its window
-                let mut header = serde_json::Map::new();
-                let mut at = 0u64;
-                for b in &self.mine {
-                    header.insert(
-                        b.name.clone(),
-                        serde_json::json!({ "dtype": super::st_name(b.dtype), "shape": b.extent, "data_offsets": [at, at + b.len] }),
-                    );
-                    at += b.len;
-                }
-                let mut text =
-                    serde_json::to_vec(&serde_json::Value::Object(header)).map_err(|x| err(FUNC, x.to_string()))?;
-                while text.len() % 8 != 0 {
-                    text.push(b' ');
-                }
-                let path = self.tmp.join(&file);
-                let io = |e: std::io::Error| err(FUNC, format!("{}: {e}", path.display()));
-                let f = File::create(&path).map_err(io)?;
-                let mut out = std::io::BufWriter::with_capacity(1 << 20, f);
-                out.write_all(&(text.len() as u64).to_le_bytes()).map_err(io)?;
-                out.write_all(&text).map_err(io)?;
-                let data = 8 + text.len() as u64;
-                let mut at = 0u64;
-                for b in &self.mine {
-                    let sum = (b.write)(&mut out)?;
-                    boxes.push((
-                        b.name.clone(),
-                        BoxEntry {
-                            start: b.start.clone(),
-                            extent: b.extent.clone(),
-                            file: file.clone(),
-                            offset: data + at,
-                            len: b.len,
-                            fnv64: format!("{sum:016x}"),
-                        },
-                    ));
-                    at += b.len;
-                }
-                out.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
-            }
-            let frag = serde_json::to_vec(&boxes).map_err(|x| err(FUNC, x.to_string()))?;
-            write_synced(&self.tmp.join(format!("rank{rank}.json")), &frag)
-        })();
         agree_ok(&self.ctx, FUNC, wrote)?;
         let dir = self.root.join(format!("ckpt-{:010}", self.step));
         let committed = if rank == 0 {
@@ -255,6 +231,85 @@ impl<'d> Saver<'d> {
         };
         agree_ok(&self.ctx, FUNC, committed)?;
         Ok(dir)
+    }
+}
+
+/// Writes this rank's file (the safetensors header, then each box from its window) and its
+/// fragment of the index, both fsynced.
+fn write_rank(tmp: &Path, rank: usize, mine: &[Stored]) -> Result<()> {
+    let file = format!("rank{rank}.safetensors");
+
+    let mut boxes: Vec<(String, BoxEntry)> = Vec::new();
+    if !mine.is_empty() {
+        // the safetensors header first (every box's size is known), then each box's bytes
+        // straight from its window
+        let mut header = serde_json::Map::new();
+        let mut at = 0u64;
+        for b in mine {
+            header.insert(
+                        b.name.clone(),
+                        serde_json::json!({ "dtype": super::st_name(b.dtype), "shape": b.extent, "data_offsets": [at, at + b.len] }),
+                    );
+            at += b.len;
+        }
+        let mut text = serde_json::to_vec(&serde_json::Value::Object(header)).map_err(|x| err(FUNC, x.to_string()))?;
+        while text.len() % 8 != 0 {
+            text.push(b' ');
+        }
+        let path = tmp.join(&file);
+        let io = |e: std::io::Error| err(FUNC, format!("{}: {e}", path.display()));
+        let f = File::create(&path).map_err(io)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, f);
+        out.write_all(&(text.len() as u64).to_le_bytes()).map_err(io)?;
+        out.write_all(&text).map_err(io)?;
+        let data = 8 + text.len() as u64;
+        let mut at = 0u64;
+        for b in mine {
+            let sum = (b.write)(&mut out)?;
+            boxes.push((
+                b.name.clone(),
+                BoxEntry {
+                    start: b.start.clone(),
+                    extent: b.extent.clone(),
+                    file: file.clone(),
+                    offset: data + at,
+                    len: b.len,
+                    fnv64: format!("{sum:016x}"),
+                },
+            ));
+            at += b.len;
+        }
+        out.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+    }
+    let frag = serde_json::to_vec(&boxes).map_err(|x| err(FUNC, x.to_string()))?;
+    write_synced(&tmp.join(format!("rank{rank}.json")), &frag)
+}
+
+/// A save whose files are being written ([`Saver::commit_async`]).
+pub struct PendingSave<'d> {
+    saver: Saver<'d>,
+    writer: Result<std::thread::JoinHandle<Result<()>>>,
+    meta: serde_json::Value,
+}
+
+impl std::fmt::Debug for PendingSave<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PendingSave({:?})", self.saver)
+    }
+}
+
+impl PendingSave<'_> {
+    /// Waits for this rank's files, agrees with every rank that all were written, and commits;
+    /// answers the checkpoint's directory.
+    ///
+    /// # Errors
+    /// As [`Saver::commit`]; a writer thread that panicked.
+    pub fn wait(self) -> Result<PathBuf> {
+        let wrote = match self.writer {
+            Ok(h) => h.join().unwrap_or_else(|_| Err(err(FUNC, "the writer thread panicked".into()))),
+            Err(e) => Err(e),
+        };
+        self.saver.finish(wrote, self.meta)
     }
 }
 
