@@ -62,6 +62,7 @@ proptest! {
             let b = closed.cast::<half::bf16>()?;
             let mut s = Saver::new(ctx, &dir, 3)?;
             s.add("x", &t)?;
+            s.add_terms("xt", &t)?; // a partial value's terms as they are
             s.add("b", &b)?;
             // every other dtype
             let t = closed;
@@ -80,6 +81,9 @@ proptest! {
         }).unwrap();
         let want = case.value();
         let got = load_on::<f64>(&dir, &to_mesh, &to_spec, "x", &case.shape);
+        prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        // the terms (exact on the strategies' grid) sum to the value
+        let got = load_on::<f64>(&dir, &to_mesh, &to_spec, "xt", &case.shape);
         prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         let got = load_on::<half::bf16>(&dir, &to_mesh, &to_spec, "b", &case.shape);
         prop_assert_eq!(got, want.iter().map(|&v| half::bf16::from_f64(v)).collect::<Vec<_>>());
@@ -336,5 +340,35 @@ fn an_asynchronous_save_overlaps_the_next_steps_and_commits_the_values_it_was_gi
     for g in got {
         assert_eq!(g, (0..63).map(|k| k as f32).collect::<Vec<_>>());
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_partial_value_saved_as_terms_loads_as_its_closed_sum() {
+    let dir = scratch("terms");
+    let closed = launch_with(&opts(4), |ctx| {
+        let m = ctx.mesh(&[("dp", 2), ("tp", 2)])?;
+        // a sum over tp of two different terms, rows cut over dp
+        let p = nx::Placement::partial(&m, &["tp"], &[(0, &["dp"])])?;
+        let terms = Tensor::<f32>::randn(ctx, &[7, 5], &p.closed(), 3)?;
+        let t = Tensor::from_local(ctx, &[7, 5], &p, terms.to_local().map(|a| a.clone()))?;
+        let t = t.scale(1.0 + ctx.rank() as f64 * 0.37)?; // the terms differ by rank
+        let mut s = Saver::new(ctx, &dir, 1)?;
+        let ((), log) = ctx.record(|| s.add_terms("t", &t))?;
+        assert_eq!(log.collectives().count(), 0, "saving terms issues no collective");
+        s.commit(serde_json::Value::Null)?;
+        Ok(t.place(&p.closed())?.full()?.to_vec()?)
+    })
+    .unwrap()
+    .remove(0);
+    let ck = Checkpoint::open(&dir).unwrap();
+    assert_eq!(ck.entry("t").unwrap().terms, 2);
+    let got = load_on::<f32>(&dir, &MeshSpec::new(&[("a", 3)]).unwrap(), &PlacementSpec::Split(1), "t", &[7, 5]);
+    assert_eq!(
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        closed.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    let e = nx::ckpt::merge(&dir, dir.join("m.safetensors")).unwrap_err().to_string();
+    assert!(e.contains("saved as 2 terms"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -133,7 +133,7 @@ impl Checkpoint {
         if e.dtype != T::DTYPE.name() {
             return Err(err(FUNC, format!("{name} is {} in {}, asked for {}", e.dtype, self.dir.display(), T::DTYPE)));
         }
-        assemble(ctx, name, &e.shape, placement, &e.boxes, &self.dir, true)
+        assemble(ctx, name, &e.shape, placement, &e.boxes, e.terms, &self.dir, true)
     }
 
     /// Every tensor of the checkpoint whole, on the host, as its bytes (for `nx ckpt merge`):
@@ -144,6 +144,15 @@ impl Checkpoint {
     pub fn whole(&self) -> Result<Vec<Whole>> {
         let mut out = Vec::new();
         for e in &self.index.tensors {
+            if e.terms > 1 {
+                return Err(err(
+                    FUNC,
+                    format!(
+                        "{} was saved as {} terms: load it with nx (which sums them) and save it closed",
+                        e.name, e.terms
+                    ),
+                ));
+            }
             let dtype: crate::Dtype =
                 e.dtype.parse().map_err(|_| err(FUNC, format!("{}: dtype {:?}", e.name, e.dtype)))?;
             let dt =
@@ -188,18 +197,22 @@ pub fn load_safetensors<'d, T: Reducible>(
         offset: start + a,
         len: z - a,
         fnv64: String::new(),
+        term: 0,
     };
     let dir = path.parent().unwrap_or(Path::new("."));
-    assemble(ctx, name, shape, placement, &[whole], dir, false)
+    assemble(ctx, name, shape, placement, &[whole], 1, dir, false)
 }
 
-/// This rank's window of `name` at `placement` from `boxes`.
+/// This rank's window of `name` at `placement` from `boxes` (of `terms` terms, summed in term
+/// order in the carrier).
+#[allow(clippy::too_many_arguments)]
 fn assemble<'d, T: Reducible>(
     ctx: &Ctx<'d>,
     name: &str,
     shape: &[usize],
     placement: &Placement<'d>,
     boxes: &[BoxEntry],
+    terms: usize,
     dir: &Path,
     check: bool,
 ) -> Result<Tensor<'d, T>> {
@@ -208,26 +221,38 @@ fn assemble<'d, T: Reducible>(
         Some(w) => {
             let size = std::mem::size_of::<T>();
             let n: usize = w.iter().map(|r| r.len()).product();
-            let mut buf = vec![0u8; n * size];
-            let covered = fill(name, &w, boxes, dir, check, size, &mut buf)?;
-            if covered != n {
-                return Err(err(
-                    FUNC,
-                    format!("{name}: the stored boxes cover {covered} of the {n} elements of window {w:?}"),
-                ));
-            }
-            let values: Vec<T> = buf
-                .chunks_exact(size)
-                .map(|c| {
+            let mut acc: Vec<T::Acc> = Vec::new();
+            for k in 0..terms.max(1) {
+                let mine: Vec<BoxEntry> = boxes.iter().filter(|b| b.term == k).cloned().collect();
+                let mut buf = vec![0u8; n * size];
+                let covered = fill(name, &w, &mine, dir, check, size, &mut buf)?;
+                if covered != n {
+                    return Err(err(
+                        FUNC,
+                        format!(
+                            "{name}: the stored boxes of term {k} cover {covered} of the {n} elements of window {w:?}"
+                        ),
+                    ));
+                }
+                let values = buf.chunks_exact(size).map(|c| {
                     if T::DTYPE == crate::Dtype::Bool {
-                        crate::from_f64(f64::from(u8::from(c[0] != 0)))
+                        crate::from_f64::<T>(f64::from(u8::from(c[0] != 0)))
                     } else {
                         // SAFETY: `c` holds `size_of::<T>()` bytes of a stored `T` (a number:
                         // every bit pattern is valid); read unaligned.
                         unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<T>()) }
                     }
-                })
-                .collect();
+                });
+                if k == 0 {
+                    acc = values.map(T::widen).collect();
+                } else {
+                    for (a, v) in acc.iter_mut().zip(values) {
+                        *a = T::combine(nx_collectives::ReduceOp::Sum, *a, v.widen())
+                            .ok_or_else(|| err(FUNC, format!("{name}: {} terms of {} have no sum", terms, T::DTYPE)))?;
+                    }
+                }
+            }
+            let values: Vec<T> = acc.into_iter().map(T::narrow).collect();
             Some(nx_kernels::Array::from_vec_on(ctx.rig(), &window_shape(&w), values)?)
         }
         None => None,

@@ -6,7 +6,10 @@
 //! the placement it was saved at (text), and each stored box (start, extents) with its file, byte
 //! range and checksum (FNV-1a 64 over 64-bit words); plus the caller's metadata (JSON: step, data position, …). Each
 //! box of the global value is written once: of the devices holding one window (copies), the first
-//! writes it. A partial value is closed before it is written ([`Saver::add`] places it).
+//! writes it. A partial value is closed before it is written ([`Saver::add`] places it: one
+//! collective, the value's bytes once), or saved as its terms ([`Saver::add_terms`]: no
+//! collective, each term's windows once; loading sums the terms in term order, in the carrier, as
+//! closing the value would).
 //!
 //! **Streaming.** Each rank's boxes go to its file at the commit straight from the windows where
 //! they lie (the header first, every size being known): no staging copy of a shard.
@@ -81,8 +84,17 @@ pub struct TensorEntry {
     pub shape: Vec<usize>,
     /// The placement it was saved at, and its mesh, as text.
     pub placement: String,
-    /// The stored boxes: together they tile the value, each once.
+    /// The stored boxes: together they tile the value, each once (each term's, where saved as
+    /// terms).
     pub boxes: Vec<BoxEntry>,
+    /// The terms saved (1 for a closed value; a sum's number of terms where saved as terms,
+    /// [`Saver::add_terms`]).
+    #[serde(default = "one")]
+    pub terms: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One stored box of a tensor.
@@ -100,6 +112,9 @@ pub struct BoxEntry {
     pub len: u64,
     /// The bytes' checksum (FNV-1a 64 over their 64-bit words, then their length), hexadecimal.
     pub fnv64: String,
+    /// The term the box belongs to (0 for a closed value).
+    #[serde(default)]
+    pub term: usize,
 }
 
 /// The checksum of `bytes`: FNV-1a 64 over their little-endian 64-bit words (the last, short

@@ -52,6 +52,7 @@ type WriteBox = Box<dyn Fn(&mut dyn Write) -> Result<u64> + Send>;
 
 /// A box this rank stores, written at the commit.
 struct Stored {
+    term: usize,
     name: String,
     dtype: safetensors::Dtype,
     start: Vec<usize>,
@@ -115,22 +116,41 @@ impl<'d> Saver<'d> {
     /// # Errors
     /// A name already added; complex dtypes (safetensors has none); the collectives' errors.
     pub fn add<T: Reducible>(&mut self, name: &str, t: &Tensor<'d, T>) -> Result<()> {
+        self.put(name, t, false)
+    }
+
+    /// Adds `t` as `name`, a partial value saved as its terms without closing it (no
+    /// collective; each term's windows written once); [`crate::ckpt::Checkpoint::load`] sums them.
+    /// A closed value is saved as [`Saver::add`] does.
+    ///
+    /// # Errors
+    /// As [`Saver::add`].
+    pub fn add_terms<T: Reducible>(&mut self, name: &str, t: &Tensor<'d, T>) -> Result<()> {
+        self.put(name, t, true)
+    }
+
+    fn put<T: Reducible>(&mut self, name: &str, t: &Tensor<'d, T>, as_terms: bool) -> Result<()> {
         if self.entries.iter().any(|e| e.name == name) {
             return Err(err(FUNC, format!("{name:?} is added twice")));
         }
         let Some(dt) = st_dtype(T::DTYPE) else {
             return Err(err(FUNC, format!("{name}: {} has no safetensors dtype", T::DTYPE)));
         };
-        let t = if t.placement.is_partial() { t.place(&t.placement.closed())? } else { t.clone() };
+        let t = if t.placement.is_partial() && !as_terms { t.place(&t.placement.closed())? } else { t.clone() };
         let windows = t.placement.windows(&t.shape)?;
+        let terms: Vec<usize> = (0..windows.len())
+            .map(|d| t.placement.term(d).map(|x| x.unwrap_or(0)))
+            .collect::<std::result::Result<_, _>>()?;
         let me = self.ctx.index();
-        let first = windows.iter().position(|w| *w == windows[me]);
+        // the first device holding this window of this term
+        let first = (0..windows.len()).find(|&d| windows[d] == windows[me] && terms[d] == terms[me]);
         if let (Some(w), Some(a), Some(first)) = (&windows[me], &t.local, first) {
             let n: usize = w.iter().map(|r| r.len()).product();
             if first == me && n > 0 {
                 let a = if a.layout().is_contiguous() { a.clone() } else { a.copy()? };
                 let what = name.to_string();
                 self.mine.push(Stored {
+                    term: terms[me],
                     name: name.to_string(),
                     dtype: dt,
                     start: w.iter().map(|r| r.start).collect(),
@@ -152,6 +172,7 @@ impl<'d> Saver<'d> {
             shape: t.shape.clone(),
             placement: format!("{:#}", t.placement),
             boxes: Vec::new(),
+            terms: t.placement.terms(),
         });
         Ok(())
     }
@@ -208,7 +229,7 @@ impl<'d> Saver<'d> {
                     fs::remove_file(&path).map_err(|e| err(FUNC, format!("{}: {e}", path.display())))?;
                 }
                 for e in &mut entries {
-                    e.boxes.sort_by(|a, b| a.start.cmp(&b.start));
+                    e.boxes.sort_by(|a, b| (a.term, &a.start).cmp(&(b.term, &b.start)));
                 }
                 let index = Index { format: "nx-checkpoint-1".into(), step: self.step, tensors: entries, meta };
                 let text = serde_json::to_vec_pretty(&index).map_err(|x| err(FUNC, x.to_string()))?;
@@ -275,6 +296,7 @@ fn write_rank(tmp: &Path, rank: usize, mine: &[Stored]) -> Result<()> {
                     offset: data + at,
                     len: b.len,
                     fnv64: format!("{sum:016x}"),
+                    term: b.term,
                 },
             ));
             at += b.len;
