@@ -351,7 +351,7 @@ fn a_partial_value_saved_as_terms_loads_as_its_closed_sum() {
         // a sum over tp of two different terms, rows cut over dp
         let p = nx::Placement::partial(&m, &["tp"], &[(0, &["dp"])])?;
         let terms = Tensor::<f32>::randn(ctx, &[7, 5], &p.closed(), 3)?;
-        let t = Tensor::from_local(ctx, &[7, 5], &p, terms.to_local().map(|a| a.clone()))?;
+        let t = Tensor::from_local(ctx, &[7, 5], &p, terms.to_local().cloned())?;
         let t = t.scale(1.0 + ctx.rank() as f64 * 0.37)?; // the terms differ by rank
         let mut s = Saver::new(ctx, &dir, 1)?;
         let ((), log) = ctx.record(|| s.add_terms("t", &t))?;

@@ -221,6 +221,23 @@ fn assemble<'d, T: Reducible>(
         Some(w) => {
             let size = std::mem::size_of::<T>();
             let n: usize = w.iter().map(|r| r.len()).product();
+            if terms <= 1 && T::DTYPE != crate::Dtype::Bool {
+                // read straight into the window's elements
+                let mut values = vec![T::default(); n];
+                // SAFETY: the bytes of `n` numbers of `T`, every bit pattern valid; borrowed
+                // mutably while `values` is not otherwise used.
+                let buf = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), n * size) };
+                let covered = fill(name, &w, boxes, dir, check, size, buf)?;
+                if covered != n {
+                    return Err(err(
+                        FUNC,
+                        format!("{name}: the stored boxes cover {covered} of the {n} elements of window {w:?}"),
+                    ));
+                }
+                let local = nx_kernels::Array::from_vec_on(ctx.rig(), &window_shape(&w), values)?;
+                let t = Tensor::from_local(ctx, shape, &closed, Some(local))?;
+                return if placement.is_partial() { t.place(placement) } else { Ok(t) };
+            }
             let mut acc: Vec<T::Acc> = Vec::new();
             for k in 0..terms.max(1) {
                 let mine: Vec<BoxEntry> = boxes.iter().filter(|b| b.term == k).cloned().collect();
@@ -301,8 +318,16 @@ fn fill(
         if !files.contains_key(b.file.as_str()) {
             files.insert(&b.file, File::open(&path).map_err(io)?);
         }
-        let mut bytes = vec![0u8; b.len as usize];
-        files[b.file.as_str()].read_exact_at(&mut bytes, b.offset).map_err(|e| {
+        // a box that is the window is read straight into it
+        let whole = b.extent.iter().zip(w).zip(&b.start).all(|((&e, r), &s)| r.start == s && r.len() == e);
+        let mut temp = Vec::new();
+        let bytes: &mut [u8] = if whole {
+            &mut buf[..]
+        } else {
+            temp.resize(b.len as usize, 0u8);
+            &mut temp[..]
+        };
+        files[b.file.as_str()].read_exact_at(bytes, b.offset).map_err(|e| {
             err(
                 FUNC,
                 format!(
@@ -313,7 +338,7 @@ fn fill(
                 ),
             )
         })?;
-        if check && format!("{:016x}", fnv64(&bytes)) != b.fnv64 {
+        if check && format!("{:016x}", fnv64(bytes)) != b.fnv64 {
             return Err(err(
                 FUNC,
                 format!(
@@ -324,8 +349,12 @@ fn fill(
                 ),
             ));
         }
+        if whole {
+            covered += numel;
+            continue;
+        }
         if r == 0 {
-            buf[..size].copy_from_slice(&bytes[..size]);
+            buf[..size].copy_from_slice(&temp[..size]);
             covered += 1;
             continue;
         }
@@ -335,7 +364,7 @@ fn fill(
         'runs: loop {
             let src: usize = (0..r).fold(0, |o, d| o * b.extent[d] + (idx[d] - b.start[d]));
             let dst: usize = (0..r).fold(0, |o, d| o * w[d].len() + (idx[d] - w[d].start));
-            buf[dst * size..(dst + run) * size].copy_from_slice(&bytes[src * size..(src + run) * size]);
+            buf[dst * size..(dst + run) * size].copy_from_slice(&temp[src * size..(src + run) * size]);
             covered += run;
             // the next index of the axes before the last (an odometer)
             let mut d = r - 1;
