@@ -151,3 +151,69 @@ fn a_rank_killed_during_a_save_leaves_the_previous_checkpoint() {
     assert_eq!(got, want);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `train_mlp --save`, then `nx ckpt info` and `nx ckpt merge` on what it saved, and
+/// `train_gpt --resume` on another mesh.
+#[test]
+fn checkpoints_from_the_examples_and_the_nx_ckpt_command() {
+    let dir = std::env::temp_dir().join(format!("nx-ckpt-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nx = example("placements").parent().and_then(|d| d.parent()).expect("target/<profile>").join("nx");
+    assert!(nx.exists(), "{} is not built: run the tests with --workspace (scripts/test does)", nx.display());
+    let mut cmd = Command::new(example("train_mlp"));
+    cmd.args(["--steps", "20", "--mesh", "dp=2,tp=2", "--save"]).arg(dir.join("mlp")).args(["--save-every", "10"]);
+    let full = run(cmd, Duration::from_secs(300));
+    let whole = checksum(&full);
+    // resumed from step 10 on another mesh: the same final parameters (to rounding: the checksum
+    // line is over f64 bits, so compare the final loss line instead)
+    let mut cmd = Command::new(example("train_mlp"));
+    cmd.args(["--steps", "20", "--mesh", "dp=1,tp=3", "--resume"]).arg(dir.join("mlp").join("ckpt-0000000010"));
+    let resumed = run(cmd, Duration::from_secs(300));
+    let line = |o: &Output| {
+        String::from_utf8_lossy(&o.stdout).lines().find(|l| l.starts_with("final loss:")).map(|l| l[..24].to_string())
+    };
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(line(&resumed), line(&full), "the resumed run ends as the uninterrupted one");
+    assert!(!whole.is_empty());
+    // nx ckpt info and merge
+    let info = run(
+        {
+            let mut c = Command::new(&nx);
+            c.args(["ckpt", "info"]).arg(dir.join("mlp"));
+            c
+        },
+        Duration::from_secs(60),
+    );
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
+    assert!(
+        text.contains("(step 20, 4 tensors)")
+            && text.contains("w1: float64 [16, 33] at mesh(1:tp)")
+            && text.contains("fnv64"),
+        "{text}"
+    );
+    let out = dir.join("mlp.safetensors");
+    let merged = run(
+        {
+            let mut c = Command::new(&nx);
+            c.args(["ckpt", "merge"]).arg(dir.join("mlp")).arg("-o").arg(&out);
+            c
+        },
+        Duration::from_secs(60),
+    );
+    assert!(merged.status.success(), "{}", String::from_utf8_lossy(&merged.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("w1").unwrap().shape(), [16, 33]);
+    // a missing checkpoint: a clear error
+    let bad = run(
+        {
+            let mut c = Command::new(&nx);
+            c.args(["ckpt", "info"]).arg(dir.join("none"));
+            c
+        },
+        Duration::from_secs(60),
+    );
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("nx::ckpt::Checkpoint::open"));
+    std::fs::remove_dir_all(&dir).ok();
+}
