@@ -17,7 +17,7 @@ use nx_collectives::Reducible;
 use nx_kernels::prog::{Prog, UnOp};
 use nx_kernels::{Array, Attention, Dtype, Kernels, Kv, Move, Operand, Reduction, Scatter};
 
-use crate::tensor::{check, err, parts, rebuild, window_shape};
+use crate::tensor::{check, err, parts, window_shape};
 use nx_placement::rules;
 
 use crate::{Placement, PlacementSpec, Result, Tensor};
@@ -226,34 +226,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                 ),
             ));
         }
-        let icut = if matches!(index.placement.spec(), PlacementSpec::On) {
-            Vec::new()
-        } else {
-            if self.placement.mesh_of().spec() != index.placement.mesh_of().spec() {
-                return Err(err(
-                    FUNC,
-                    format!(
-                        "the value at {} and the index at {} are over different meshes",
-                        self.placement, index.placement
-                    ),
-                ));
-            }
-            cut_names(FUNC, &index.placement, 0)?
-        };
-        if matches!(self.placement.spec(), PlacementSpec::Device(_)) {
-            return Err(err(FUNC, "a value on one device: place it over the mesh first".into()));
-        }
-        let (cuts, mut sums) = parts(FUNC, &self.placement)?;
-        let scut = cuts.iter().find(|c| c.0 == axis).map(|c| c.1.clone()).unwrap_or_default();
-        if scut != icut {
-            return Err(err(
-                FUNC,
-                format!("axis {axis} of {} and the index at {} are cut differently", self.placement, index.placement),
-            ));
-        }
-        sums.extend(scut);
-        let rest: Vec<(usize, Vec<String>)> = cuts.into_iter().filter(|c| c.0 != axis).collect();
-        let placement = rebuild(&self.placement, &sums, &rest)?;
+        let placement = rules::scatter(FUNC, &self.placement, axis, &index.placement)?;
         let mut shape = self.shape.clone();
         shape[axis] = n;
         let local = match (&self.local, &index.local) {
@@ -317,17 +290,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             }
         }
         // the result's placement: the same cuts, shifted past a new axis
-        let placement = if new && !matches!(self.placement.spec(), PlacementSpec::Device(_)) {
-            let (cuts, sums) = parts(func, &self.placement)?;
-            if matches!(self.placement.spec(), PlacementSpec::On) && sums.is_empty() {
-                self.placement.clone()
-            } else {
-                let cuts: Vec<_> = cuts.into_iter().map(|(a, n)| (if a >= axis { a + 1 } else { a }, n)).collect();
-                rebuild(&self.placement, &sums, &cuts)?
-            }
-        } else {
-            self.placement.clone()
-        };
+        let placement = if new { rules::insert_axis(func, &self.placement, axis)? } else { self.placement.clone() };
         let mut shape = self.shape.clone();
         if new {
             shape.insert(axis, all.len());

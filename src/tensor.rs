@@ -64,11 +64,6 @@ pub(crate) fn parts(func: &'static str, p: &Placement<'_>) -> Result<Parts> {
     Ok((pp.cuts, pp.sums))
 }
 
-/// A placement over `p`'s mesh with `sums` and `cuts` (by names): [`nx_placement::rules::rebuild`].
-pub(crate) fn rebuild<'d>(p: &Placement<'d>, sums: &[String], cuts: &[(usize, Vec<String>)]) -> Result<Placement<'d>> {
-    Ok(rules::rebuild(p, &rules::Parts { cuts: cuts.to_vec(), sums: sums.to_vec() })?)
-}
-
 impl<'d, T: Reducible> Tensor<'d, T> {
     /// The value whose element at each global index `i` is `f(i)`; each rank computes only its
     /// window. At a partial placement the first term of each sum holds the value and the other

@@ -8,6 +8,8 @@
 //! | rule | result |
 //! |---|---|
 //! | [`elementwise`] | the first operand's placement, where each other operand's windows are its own (or whole along an axis of one element, which broadcasts) |
+//! | [`scatter`] | the scattered axis whole; the sums of the value and the mesh axes that cut the scattered axis (and the index alike) become sums |
+//! | [`insert_axis`] | the cuts shifted past a new whole axis (`stack`) |
 //! | [`gather`] | the value's cuts and sums on its other axes, the index's cuts on the axes replacing the gathered one |
 //! | [`contract`] | each result axis cut as its operand cuts it; contracting pairs cut alike on both sides make the result a sum over their mesh axes |
 //! | [`reduce`] | the reduced axes removed; the mesh axes that cut them become sums |
@@ -384,4 +386,51 @@ pub fn gather<'d>(
     }
     out.sort_by_key(|c| c.0);
     rebuild(p, &Parts { cuts: out, sums: pp.sums })
+}
+
+/// The placement of a scatter-add of a value at `p` along `axis` by a 1-D index at `ip` (cut as
+/// `axis` is, or at `on`): `axis` whole, a sum over the mesh axes that cut it (each rank adds its
+/// rows) and over `p`'s sums, the other cuts kept.
+///
+/// # Errors
+/// [`Error::Rule`] for a value on one device, operands over different meshes, or an index cut
+/// otherwise than `axis`.
+pub fn scatter<'d>(func: &'static str, p: &Placement<'d>, axis: usize, ip: &Placement<'_>) -> Result<Placement<'d>> {
+    if matches!(p.spec(), PlacementSpec::Device(_)) {
+        return Err(Error::Rule { func, why: "a value on one device: place it over the mesh first".into() });
+    }
+    let icut = if matches!(ip.spec(), PlacementSpec::On) {
+        Vec::new()
+    } else {
+        if p.mesh_of().spec() != ip.mesh_of().spec() {
+            return Err(Error::Rule {
+                func,
+                why: format!("the value at {p} and the index at {ip} are over different meshes"),
+            });
+        }
+        parts(func, ip)?.cut_of(0)
+    };
+    let pp = parts(func, p)?;
+    let scut = pp.cut_of(axis);
+    if scut != icut {
+        return Err(Error::Rule { func, why: format!("axis {axis} of {p} and the index at {ip} are cut differently") });
+    }
+    let mut sums = pp.sums;
+    sums.extend(scut);
+    let cuts = pp.cuts.into_iter().filter(|c| c.0 != axis).collect();
+    rebuild(p, &Parts { cuts, sums })
+}
+
+/// The placement of a value at `p` with a new whole axis at `axis` (`stack`): the cuts at or past
+/// it shifted by one.
+///
+/// # Errors
+/// As [`parts`].
+pub fn insert_axis<'d>(func: &'static str, p: &Placement<'d>, axis: usize) -> Result<Placement<'d>> {
+    if matches!(p.spec(), PlacementSpec::On | PlacementSpec::Device(_)) {
+        return Ok(p.clone());
+    }
+    let pp = parts(func, p)?;
+    let cuts = pp.cuts.into_iter().map(|(a, n)| (if a >= axis { a + 1 } else { a }, n)).collect();
+    rebuild(p, &Parts { cuts, sums: pp.sums })
 }
