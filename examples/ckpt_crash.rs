@@ -1,5 +1,5 @@
 //! Saves a checkpoint a step for five steps; with `--die-at N`, rank 1 kills itself with SIGKILL
-//! in the middle of step N's save (after the save began, before it is committed). For the test
+//! in the middle of step N's save (after its files are written, before the save is committed). For the test
 //! that a rank killed during a save leaves the previous checkpoint loadable and no partial one
 //! visible (`tests/examples.rs`, under `nx run --mpi`).
 //!
@@ -24,10 +24,18 @@ fn main() -> ExitCode {
             let mut s = nx::ckpt::Saver::new(ctx, &dir, step)?;
             s.add("w", &w)?;
             if die_at == Some(step) && ctx.rank() == 1 {
+                // its files written (the writer's fragment of the index is its last), then killed
+                let _pending = s.commit_async(serde_json::json!({ "step": step }));
+                let frag = std::path::Path::new(&dir).join(format!("ckpt-{step:010}.tmp")).join("rank1.json");
+                while !frag.exists() {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
                 // SAFETY: raising a signal on this process; nothing is shared with Rust code.
                 unsafe { libc::raise(libc::SIGKILL) };
+                unreachable!("SIGKILL ends the process");
+            } else {
+                s.commit(serde_json::json!({ "step": step }))?;
             }
-            s.commit(serde_json::json!({ "step": step }))?;
             if ctx.rank() == 0 {
                 println!("saved step {step}");
             }

@@ -192,12 +192,19 @@ fn corrupted_and_truncated_files_are_errors_naming_them() {
     let ck = Checkpoint::open(&dir).unwrap();
     let b = ck.entry("w").unwrap().boxes[0].clone();
     let file = ck.dir().join(&b.file);
-    // one flipped byte inside the box
-    let mut bytes = std::fs::read(&file).unwrap();
-    bytes[b.offset as usize + 3] ^= 0x40;
-    std::fs::write(&file, &bytes).unwrap();
-    let e = load_err(&dir);
-    assert!(e.contains("do not match their checksum") && e.contains(&b.file) && e.contains("w:"), "{e}");
+    let pristine = std::fs::read(&file).unwrap();
+    // two values negated (their top bits flipped, words 0 and 4: one lane of the checksum), then
+    // one flipped low bit
+    for flips in [vec![(7usize, 0x80u8), (39, 0x80)], vec![(3, 0x40)]] {
+        let mut bytes = pristine.clone();
+        for (at, bit) in flips {
+            bytes[b.offset as usize + at] ^= bit;
+        }
+        std::fs::write(&file, &bytes).unwrap();
+        let e = load_err(&dir);
+        assert!(e.contains("do not match their checksum") && e.contains(&b.file) && e.contains("w:"), "{e}");
+    }
+    let bytes = pristine;
     // cut short
     std::fs::write(&file, &bytes[..b.offset as usize + 5]).unwrap();
     let e = load_err(&dir);
@@ -214,16 +221,25 @@ fn an_uncommitted_save_leaves_the_previous_checkpoint() {
     let dir = scratch("atomic");
     save_small(&dir, 1, 0);
     save_small(&dir, 2, 100);
-    // a save that stops before its commit (a crash): the files are written, the index is not
+    // a save that stops before its commit (a crash): every rank's files are written, the index
+    // is not
     launch_with(&opts(2), |ctx| {
         let rows = nx::Placement::split(0, ctx.devices())?;
         let w = Tensor::<i64>::from_fn(ctx, &[5, 3], &rows, |_| -1)?;
         let mut s = Saver::new(ctx, &dir, 3)?;
         s.add("w", &w)?;
-        drop(s);
+        let pending = s.commit_async(serde_json::Value::Null);
+        let frag = dir.join("ckpt-0000000003.tmp").join(format!("rank{}.json", ctx.rank()));
+        while !frag.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        drop(pending);
         Ok(())
     })
     .unwrap();
+    let tmp = dir.join("ckpt-0000000003.tmp");
+    assert!(tmp.join("rank0.safetensors").exists() && tmp.join("rank1.safetensors").exists());
+    assert!(!dir.join("ckpt-0000000003").exists());
     let ck = Checkpoint::open(&dir).unwrap();
     assert_eq!(ck.index().step, 2);
     let got = load_on::<i64>(&dir, &MeshSpec::new(&[("a", 3)]).unwrap(), &PlacementSpec::Split(1), "w", &[5, 3]);
@@ -348,8 +364,8 @@ fn a_partial_value_saved_as_terms_loads_as_its_closed_sum() {
     let dir = scratch("terms");
     let closed = launch_with(&opts(4), |ctx| {
         let m = ctx.mesh(&[("dp", 2), ("tp", 2)])?;
-        // a sum over tp of two different terms, rows cut over dp
-        let p = nx::Placement::partial(&m, &["tp"], &[(0, &["dp"])])?;
+        // a sum over dp and tp of four different terms
+        let p = nx::Placement::partial(&m, &["dp", "tp"], &[])?;
         let terms = Tensor::<f32>::randn(ctx, &[7, 5], &p.closed(), 3)?;
         let t = Tensor::from_local(ctx, &[7, 5], &p, terms.to_local().cloned())?;
         let t = t.scale(1.0 + ctx.rank() as f64 * 0.37)?; // the terms differ by rank
@@ -362,13 +378,13 @@ fn a_partial_value_saved_as_terms_loads_as_its_closed_sum() {
     .unwrap()
     .remove(0);
     let ck = Checkpoint::open(&dir).unwrap();
-    assert_eq!(ck.entry("t").unwrap().terms, 2);
+    assert_eq!(ck.entry("t").unwrap().terms, 4);
     let got = load_on::<f32>(&dir, &MeshSpec::new(&[("a", 3)]).unwrap(), &PlacementSpec::Split(1), "t", &[7, 5]);
     assert_eq!(
         got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         closed.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
     let e = nx::ckpt::merge(&dir, dir.join("m.safetensors")).unwrap_err().to_string();
-    assert!(e.contains("saved as 2 terms"), "{e}");
+    assert!(e.contains("saved as 4 terms"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }

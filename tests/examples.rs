@@ -189,7 +189,7 @@ fn checkpoints_from_the_examples_and_the_nx_ckpt_command() {
     assert!(
         text.contains("(step 20, 4 tensors)")
             && text.contains("w1: float64 [16, 33] at mesh(1:tp)")
-            && text.contains("fnv64"),
+            && text.contains("checksum"),
         "{text}"
     );
     let out = dir.join("mlp.safetensors");

@@ -197,17 +197,21 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
         // an uninterrupted one
         let ck = nx::ckpt::Checkpoint::open(dir)?;
         let meta = ck.index().meta.clone();
-        first_step = meta["step"].as_u64().unwrap_or(0) as usize;
+        let bad = |what: &str| nx::Error::Invalid {
+            func: "train_gpt --resume",
+            why: format!("{}: no {what} in its metadata", ck.dir().display()),
+        };
+        first_step = meta["step"].as_u64().ok_or_else(|| bad("step"))? as usize;
         losses = meta["losses"].as_array().map(|v| v.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default();
         let names: Vec<(String, nx::Placement<'_>)> =
             params.iter().map(|(n, p)| (n.to_string(), p.placement().clone())).collect();
         for (name, at) in names {
             let w = ck.load::<f32>(ctx, &name, &at)?;
-            if ck.entry(&format!("adam.{name}.m")).is_some() {
+            if first_step > 0 {
                 let at = if cfg.zero { nx::optim::shard(&at, w.shape(), "dp")? } else { at.clone() };
                 let m = ck.load::<f32>(ctx, &format!("adam.{name}.m"), &at)?;
                 let v = ck.load::<f32>(ctx, &format!("adam.{name}.v"), &at)?;
-                let steps = meta["adam_steps"][&name].as_u64().unwrap_or(0);
+                let steps = meta["adam_steps"][&name].as_u64().ok_or_else(|| bad(&format!("adam_steps of {name}")))?;
                 opt.set_state(&name, nx::optim::Moments { m, v, steps });
             }
             params.set(&name, w)?;

@@ -98,7 +98,10 @@ pub fn train(ctx: &Ctx<'_>, cfg: &Config) -> Result<Outcome> {
     let mut first = 0;
     if let Some(dir) = &cfg.resume {
         let ck = nx::ckpt::Checkpoint::open(dir)?;
-        first = ck.index().meta["step"].as_u64().unwrap_or(0) as usize;
+        first = ck.index().meta["step"].as_u64().ok_or_else(|| nx::Error::Invalid {
+            func: "train_mlp --resume",
+            why: format!("{}: no step in its metadata", ck.dir().display()),
+        })? as usize;
         w1 = ck.load(ctx, "w1", &cols)?;
         b1 = ck.load(ctx, "b1", &vec_tp)?;
         w2 = ck.load(ctx, "w2", &vec_tp)?;

@@ -33,8 +33,9 @@ pub fn ckpt(c: &Ckpt) -> Result<String, nx::Error> {
             let mut out = format!("{} (step {}, {} tensors)\n", ck.dir().display(), ix.step, ix.tensors.len());
             for t in &ix.tensors {
                 let bytes: u64 = t.boxes.iter().map(|b| b.len).sum();
+                let terms = if t.terms > 1 { format!(", saved as {} terms", t.terms) } else { String::new() };
                 out.push_str(&format!(
-                    "{}: {} {:?} at {}, {} boxes, {bytes} bytes\n",
+                    "{}: {} {:?} at {}{terms}, {} boxes, {bytes} bytes\n",
                     t.name,
                     t.dtype,
                     t.shape,
@@ -42,14 +43,10 @@ pub fn ckpt(c: &Ckpt) -> Result<String, nx::Error> {
                     t.boxes.len()
                 ));
                 for b in &t.boxes {
+                    let term = if t.terms > 1 { format!(" term {}", b.term) } else { String::new() };
                     out.push_str(&format!(
-                        "    {:?}+{:?} in {} at {}..{} fnv64 {}\n",
-                        b.start,
-                        b.extent,
-                        b.file,
-                        b.offset,
-                        b.offset + b.len,
-                        b.fnv64
+                        "    {:?}+{:?}{term} in {} at bytes {}+{} checksum {}\n",
+                        b.start, b.extent, b.file, b.offset, b.len, b.fnv64
                     ));
                 }
             }

@@ -133,7 +133,8 @@ impl Checkpoint {
         if e.dtype != T::DTYPE.name() {
             return Err(err(FUNC, format!("{name} is {} in {}, asked for {}", e.dtype, self.dir.display(), T::DTYPE)));
         }
-        assemble(ctx, name, &e.shape, placement, &e.boxes, e.terms, &self.dir, true)
+        let out = assemble(ctx, name, &e.shape, placement, &e.boxes, e.terms, &self.dir, true);
+        agree(ctx, out)
     }
 
     /// Every tensor of the checkpoint whole, on the host, as its bytes (for `nx ckpt merge`):
@@ -171,8 +172,8 @@ impl Checkpoint {
 }
 
 /// Tensor `name` of the plain safetensors file `file` (one holder of the whole value: Python's
-/// `safetensors`, PyTorch, Hugging Face) at `placement`: each rank reads the rows of its window's
-/// bounding runs only.
+/// `safetensors`, PyTorch, Hugging Face) at `placement`: each rank reads its window's runs only
+/// (the file carries no checksums to check).
 ///
 /// # Errors
 /// An unreadable or malformed file; no tensor `name`; another dtype than `T`.
@@ -200,7 +201,23 @@ pub fn load_safetensors<'d, T: Reducible>(
         term: 0,
     };
     let dir = path.parent().unwrap_or(Path::new("."));
-    assemble(ctx, name, shape, placement, &[whole], 1, dir, false)
+    let out = assemble(ctx, name, shape, placement, &[whole], 1, dir, false);
+    agree(ctx, out)
+}
+
+/// Every rank's load agreed: where one rank failed (a bad file its window meets), every rank
+/// fails, naming it, rather than going on alone into the next collective.
+fn agree<'d, T: Reducible>(ctx: &Ctx<'d>, out: Result<Tensor<'d, T>>) -> Result<Tensor<'d, T>> {
+    match out {
+        Ok(t) => {
+            super::save::agree_ok(ctx, FUNC, Ok(()))?;
+            Ok(t)
+        }
+        Err(e) => {
+            super::save::agree_ok(ctx, FUNC, Err(e.clone()))?;
+            Err(e)
+        }
+    }
 }
 
 /// This rank's window of `name` at `placement` from `boxes` (of `terms` terms, summed in term
@@ -301,15 +318,26 @@ fn fill(
         if b.start.len() != r || b.extent.len() != r {
             return Err(err(FUNC, format!("{name}: a box of rank {} for a value of rank {r}", b.start.len())));
         }
+        let ends: Option<Vec<usize>> = (0..r).map(|d| b.start[d].checked_add(b.extent[d])).collect();
+        let Some(ends) = ends else {
+            return Err(err(FUNC, format!("{name}: a box {:?}+{:?} past any shape", b.start, b.extent)));
+        };
         let lo: Vec<usize> = (0..r).map(|d| w[d].start.max(b.start[d])).collect();
-        let hi: Vec<usize> = (0..r).map(|d| w[d].end.min(b.start[d] + b.extent[d])).collect();
+        let hi: Vec<usize> = (0..r).map(|d| w[d].end.min(ends[d])).collect();
         if (0..r).any(|d| lo[d] >= hi[d]) && r > 0 {
             continue;
         }
         let path = dir.join(&b.file);
         let io = |e: std::io::Error| err(FUNC, format!("{name}: {}: {e}", path.display()));
-        let numel: usize = b.extent.iter().product();
-        if b.len != (numel * size) as u64 {
+        let numel = b.extent.iter().try_fold(1usize, |a, &x| a.checked_mul(x));
+        let bytes_of_box = numel.and_then(|n| n.checked_mul(size));
+        let (Some(numel), Some(want)) = (numel, bytes_of_box) else {
+            return Err(err(FUNC, format!("{name}: a box of extents {:?} has more elements than memory", b.extent)));
+        };
+        if b.offset.checked_add(b.len).is_none() {
+            return Err(err(FUNC, format!("{name}: a box at bytes {}+{} past any file", b.offset, b.len)));
+        }
+        if b.len != want as u64 {
             return Err(err(
                 FUNC,
                 format!("{name}: {}: a box of {numel} elements stored in {} bytes", path.display(), b.len),
@@ -320,6 +348,40 @@ fn fill(
         }
         // a box that is the window is read straight into it
         let whole = b.extent.iter().zip(w).zip(&b.start).all(|((&e, r), &s)| r.start == s && r.len() == e);
+        if !check && !whole && r > 0 {
+            // no checksum to check (a plain file): only the window's runs are read
+            let run = hi[r - 1] - lo[r - 1];
+            let mut idx = lo.clone();
+            'reads: loop {
+                let src: usize = (0..r).fold(0, |o, d| o * b.extent[d] + (idx[d] - b.start[d]));
+                let dst: usize = (0..r).fold(0, |o, d| o * w[d].len() + (idx[d] - w[d].start));
+                files[b.file.as_str()]
+                    .read_exact_at(&mut buf[dst * size..(dst + run) * size], b.offset + (src * size) as u64)
+                    .map_err(|e| {
+                        err(
+                            FUNC,
+                            format!(
+                                "{name}: {}: the bytes of a run cannot be read ({e}): the file is truncated",
+                                path.display()
+                            ),
+                        )
+                    })?;
+                covered += run;
+                let mut d = r - 1;
+                loop {
+                    if d == 0 {
+                        break 'reads;
+                    }
+                    d -= 1;
+                    idx[d] += 1;
+                    if idx[d] < hi[d] {
+                        break;
+                    }
+                    idx[d] = lo[d];
+                }
+            }
+            continue;
+        }
         let mut temp = Vec::new();
         let bytes: &mut [u8] = if whole {
             &mut buf[..]

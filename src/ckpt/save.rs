@@ -13,9 +13,10 @@ use crate::{Ctx, Placement, Result, Tensor};
 const FUNC: &str = "nx::ckpt::Saver";
 
 /// The bytes of `v` as they lie in memory (little-endian on the hosts nx runs on).
-pub(crate) fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: `v` is `size_of_val(v)` initialised bytes of plain numbers (or bools, one byte of 0
-    // or 1 each); they are read, not written, while `v` is borrowed, for as long.
+pub(crate) fn bytes_of<T: nx_kernels::Element>(v: &[T]) -> &[u8] {
+    // SAFETY: an `Element` (sealed: bools, integers, floats, complex pairs of floats) has no
+    // padding, so `v` is `size_of_val(v)` initialised bytes; they are read, not written, while
+    // `v` is borrowed, for as long.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
@@ -133,6 +134,9 @@ impl<'d> Saver<'d> {
         if self.entries.iter().any(|e| e.name == name) {
             return Err(err(FUNC, format!("{name:?} is added twice")));
         }
+        if name == "__metadata__" || name.is_empty() {
+            return Err(err(FUNC, format!("{name:?} is not a tensor name safetensors allows")));
+        }
         let Some(dt) = st_dtype(T::DTYPE) else {
             return Err(err(FUNC, format!("{name}: {} has no safetensors dtype", T::DTYPE)));
         };
@@ -178,8 +182,8 @@ impl<'d> Saver<'d> {
     }
 
     /// Writes every rank's boxes (fsynced), agrees that all did, then rank 0 writes the index
-    /// (with `meta`), renames the checkpoint into place and points `latest` at it, and removes all
-    /// but the two newest checkpoints. Answers the checkpoint's directory.
+    /// (with `meta`), renames the checkpoint into place and points `latest` at it, and removes the
+    /// checkpoints older than the one before it (and older crashed saves' temporary directories). Answers the checkpoint's directory.
     ///
     /// # Errors
     /// A rank that fails to write (every rank then fails, nothing committed).
@@ -235,8 +239,15 @@ impl<'d> Saver<'d> {
                 let text = serde_json::to_vec_pretty(&index).map_err(|x| err(FUNC, x.to_string()))?;
                 write_synced(&self.tmp.join("index.json"), &text)?;
                 sync_dir(&self.tmp)?;
-                if dir.exists() {
-                    fs::remove_dir_all(&dir).map_err(|e| err(FUNC, format!("{}: {e}", dir.display())))?;
+                // a checkpoint of this step already there (which `latest` may name) is moved aside
+                // first and removed only once `latest` names the new one
+                let aside = self.root.join(format!("ckpt-{:010}.old", self.step));
+                let had = dir.exists();
+                if had {
+                    if aside.exists() {
+                        fs::remove_dir_all(&aside).map_err(|e| err(FUNC, format!("{}: {e}", aside.display())))?;
+                    }
+                    fs::rename(&dir, &aside).map_err(|e| err(FUNC, format!("{}: {e}", dir.display())))?;
                 }
                 fs::rename(&self.tmp, &dir).map_err(|e| err(FUNC, format!("{}: {e}", dir.display())))?;
                 sync_dir(&self.root)?;
@@ -245,7 +256,16 @@ impl<'d> Saver<'d> {
                 fs::rename(&latest, self.root.join("latest"))
                     .map_err(|e| err(FUNC, format!("{}: {e}", latest.display())))?;
                 sync_dir(&self.root)?;
-                prune(&self.root, 2)
+                // committed: what follows only tidies, and a failure there is reported, not fatal
+                if had {
+                    if let Err(e) = fs::remove_dir_all(&aside) {
+                        eprintln!("nx::ckpt: could not remove {}: {e}", aside.display());
+                    }
+                }
+                if let Err(e) = prune(&self.root, self.step) {
+                    eprintln!("{e}");
+                }
+                Ok(())
             })()
         } else {
             Ok(())
@@ -335,22 +355,31 @@ impl PendingSave<'_> {
     }
 }
 
-/// Removes all but the `keep` newest committed checkpoints under `root` (temporary ones of
-/// other saves are left).
-fn prune(root: &Path, keep: usize) -> Result<()> {
-    let mut done: Vec<PathBuf> = fs::read_dir(root)
-        .map_err(|e| err(FUNC, format!("{}: {e}", root.display())))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.is_dir()
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp"))
-        })
-        .collect();
+/// Removes the committed checkpoints older than the newest one before `step` (the one just
+/// committed, which `latest` names, and the one before it are kept; newer ones, of another run,
+/// are left), and the temporary directories of saves older than `step` (crashed saves).
+fn prune(root: &Path, step: u64) -> Result<()> {
+    let steps = |suffix: &str| -> Result<Vec<(u64, PathBuf)>> {
+        Ok(fs::read_dir(root)
+            .map_err(|e| err(FUNC, format!("{}: {e}", root.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter_map(|p| {
+                let n = p.file_name()?.to_str()?.strip_prefix("ckpt-")?.to_string();
+                let k: u64 = if suffix.is_empty() { n.parse().ok()? } else { n.strip_suffix(suffix)?.parse().ok()? };
+                Some((k, p))
+            })
+            .collect())
+    };
+    let mut done: Vec<(u64, PathBuf)> = steps("")?.into_iter().filter(|(k, _)| *k < step).collect();
     done.sort();
-    for old in done.iter().rev().skip(keep) {
-        fs::remove_dir_all(old).map_err(|e| err(FUNC, format!("{}: {e}", old.display())))?;
+    done.pop(); // the newest before `step` stays
+    for (_, old) in done {
+        fs::remove_dir_all(&old).map_err(|e| err(FUNC, format!("{}: {e}", old.display())))?;
+    }
+    for (k, tmp) in steps(".tmp")? {
+        if k < step {
+            fs::remove_dir_all(&tmp).map_err(|e| err(FUNC, format!("{}: {e}", tmp.display())))?;
+        }
     }
     Ok(())
 }
