@@ -351,13 +351,12 @@ fn fill(
         if !check && !whole && r > 0 {
             // no checksum to check (a plain file): only the window's runs are read
             let run = hi[r - 1] - lo[r - 1];
-            let mut idx = lo.clone();
-            'reads: loop {
+            let f = &files[b.file.as_str()];
+            each_run(&lo, &hi, |idx| {
                 let src: usize = (0..r).fold(0, |o, d| o * b.extent[d] + (idx[d] - b.start[d]));
                 let dst: usize = (0..r).fold(0, |o, d| o * w[d].len() + (idx[d] - w[d].start));
-                files[b.file.as_str()]
-                    .read_exact_at(&mut buf[dst * size..(dst + run) * size], b.offset + (src * size) as u64)
-                    .map_err(|e| {
+                f.read_exact_at(&mut buf[dst * size..(dst + run) * size], b.offset + (src * size) as u64).map_err(
+                    |e| {
                         err(
                             FUNC,
                             format!(
@@ -365,21 +364,11 @@ fn fill(
                                 path.display()
                             ),
                         )
-                    })?;
+                    },
+                )?;
                 covered += run;
-                let mut d = r - 1;
-                loop {
-                    if d == 0 {
-                        break 'reads;
-                    }
-                    d -= 1;
-                    idx[d] += 1;
-                    if idx[d] < hi[d] {
-                        break;
-                    }
-                    idx[d] = lo[d];
-                }
-            }
+                Ok(())
+            })?;
             continue;
         }
         let mut temp = Vec::new();
@@ -422,26 +411,13 @@ fn fill(
         }
         // runs along the last axis of the intersection
         let run = hi[r - 1] - lo[r - 1];
-        let mut idx = lo.clone();
-        'runs: loop {
+        each_run(&lo, &hi, |idx| {
             let src: usize = (0..r).fold(0, |o, d| o * b.extent[d] + (idx[d] - b.start[d]));
             let dst: usize = (0..r).fold(0, |o, d| o * w[d].len() + (idx[d] - w[d].start));
             buf[dst * size..(dst + run) * size].copy_from_slice(&temp[src * size..(src + run) * size]);
             covered += run;
-            // the next index of the axes before the last (an odometer)
-            let mut d = r - 1;
-            loop {
-                if d == 0 {
-                    break 'runs;
-                }
-                d -= 1;
-                idx[d] += 1;
-                if idx[d] < hi[d] {
-                    break;
-                }
-                idx[d] = lo[d];
-            }
-        }
+            Ok(())
+        })?;
     }
     Ok(covered)
 }
@@ -453,5 +429,27 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// As [`load_safetensors`].
     pub fn load(ctx: &Ctx<'d>, file: impl AsRef<Path>, name: &str, placement: &Placement<'d>) -> Result<Self> {
         load_safetensors(ctx, file, name, placement)
+    }
+}
+
+/// Calls `f` with the first index of each run of the box `lo..hi` along its last axis, in C
+/// order (an odometer over the axes before the last); `lo` nonempty, every `lo[d] < hi[d]`.
+fn each_run(lo: &[usize], hi: &[usize], mut f: impl FnMut(&[usize]) -> Result<()>) -> Result<()> {
+    let r = lo.len();
+    let mut idx = lo.to_vec();
+    loop {
+        f(&idx)?;
+        let mut d = r - 1;
+        loop {
+            if d == 0 {
+                return Ok(());
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < hi[d] {
+                break;
+            }
+            idx[d] = lo[d];
+        }
     }
 }
