@@ -4,7 +4,7 @@
 //! newest. A checkpoint is a directory of safetensors files, `rank<r>.safetensors` (the boxes rank
 //! `r` wrote), and one `index.json` ([`Index`]): for every tensor its name, dtype, global shape,
 //! the placement it was saved at (text), and each stored box (start, extents) with its file, byte
-//! range and checksum (64-bit, over 64-bit words in four lanes); plus the caller's metadata (JSON: step, data position, …). Each
+//! range and checksum (64-bit, over 64-bit words in eight lanes); plus the caller's metadata (JSON: step, data position, …). Each
 //! box of the global value is written once: of the devices holding one window (copies), the first
 //! writes it. A partial value is closed before it is written ([`Saver::add`] places it: one
 //! collective, the value's bytes once), or saved as its terms ([`Saver::add_terms`]: no
@@ -110,7 +110,7 @@ pub struct BoxEntry {
     pub offset: u64,
     /// The bytes.
     pub len: u64,
-    /// The bytes' checksum (64-bit, over their 64-bit words in four lanes, folded with their
+    /// The bytes' checksum (64-bit, over their 64-bit words in eight lanes, folded with their
     /// length), hexadecimal.
     pub fnv64: String,
     /// The term the box belongs to (0 for a closed value).
@@ -118,10 +118,10 @@ pub struct BoxEntry {
     pub term: usize,
 }
 
-/// The checksum of `bytes`: over their little-endian 64-bit words in four interleaved lanes
-/// (word `i` to lane `i mod 4`; the last, short word padded with zeros), each word xored in,
+/// The checksum of `bytes`: over their little-endian 64-bit words in eight interleaved lanes
+/// (word `i` to lane `i mod 8`; the last, short word padded with zeros), each word xored in,
 /// multiplied by FNV's 64-bit prime and its high half folded back down (so a difference in any bit
-/// reaches every later bit), the lanes then folded in order with the length — four independent
+/// reaches every later bit), the lanes then folded in order with the length — eight independent
 /// chains, so it runs at memory speed.
 pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
     const P: u64 = 0x0100_0000_01b3;
@@ -129,8 +129,11 @@ pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
         let h = (h ^ w).wrapping_mul(P);
         h ^ (h >> 29)
     };
-    let mut h = [0xcbf2_9ce4_8422_2325u64, 0x8422_2325_cbf2_9ce4, 0x9e37_79b9_7f4a_7c15, 0x7f4a_7c15_9e37_79b9];
-    let mut blocks = bytes.chunks_exact(32);
+    let mut h = [0u64; 8];
+    for (i, l) in h.iter_mut().enumerate() {
+        *l = 0xcbf2_9ce4_8422_2325u64 ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1));
+    }
+    let mut blocks = bytes.chunks_exact(64);
     for blk in &mut blocks {
         for (l, w) in h.iter_mut().zip(blk.chunks_exact(8)) {
             *l = mix(*l, u64::from_le_bytes(w.try_into().expect("8 bytes")));
