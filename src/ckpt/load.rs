@@ -160,7 +160,10 @@ impl Checkpoint {
                 st_dtype(dtype).ok_or_else(|| err(FUNC, format!("{}: {dtype} has no safetensors dtype", e.name)))?;
             let size = dtype.size();
             let window: Vec<std::ops::Range<usize>> = e.shape.iter().map(|&n| 0..n).collect();
-            let mut buf = vec![0u8; e.shape.iter().product::<usize>() * size];
+            let bytes = e.shape.iter().try_fold(size, |a, &x| a.checked_mul(x));
+            let bytes = bytes
+                .ok_or_else(|| err(FUNC, format!("{}: a shape {:?} of more bytes than memory", e.name, e.shape)))?;
+            let mut buf = vec![0u8; bytes];
             let covered = fill(&e.name, &window, &e.boxes, &self.dir, true, size, &mut buf)?;
             if covered != e.shape.iter().product::<usize>() {
                 return Err(err(FUNC, format!("{}: the boxes cover {covered} of its elements", e.name)));
@@ -195,7 +198,9 @@ pub fn load_safetensors<'d, T: Reducible>(
         start: vec![0; shape.len()],
         extent: shape.clone(),
         file: path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string(),
-        offset: start + a,
+        offset: start
+            .checked_add(*a)
+            .ok_or_else(|| err(FUNC, format!("{}: {name}'s data offset {a} past any file", path.display())))?,
         len: z - a,
         fnv64: String::new(),
         term: 0,
