@@ -388,3 +388,46 @@ fn a_partial_value_saved_as_terms_loads_as_its_closed_sum() {
     assert!(e.contains("saved as 4 terms"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn boxes_past_one_read_chunk_load_exactly_and_are_checked_whole() {
+    // two boxes of 516 and 515 rows of 600 f32 (1.2 MB each: more than one 1 MiB read chunk),
+    // loaded where a window is a box, meets part of one, or meets every box
+    let dir = scratch("chunks");
+    let shape = [1031usize, 600];
+    let value = |i: usize, j: usize| (i * 600 + j) as f64;
+    launch_with(&opts(2), |ctx| {
+        let rows = nx::Placement::split(0, ctx.devices())?;
+        let t = Tensor::<f32>::from_fn(ctx, &shape, &rows, |i| value(i[0], i[1]) as f32)?;
+        let mut s = Saver::new(ctx, &dir, 1)?;
+        s.add("t", &t)?;
+        s.commit(serde_json::Value::Null)
+    })
+    .unwrap();
+    for (devices, spec) in [(2, "split(0)"), (3, "split(0)"), (4, "split(1)"), (1, "on"), (3, "split(1)")] {
+        let mesh: MeshSpec = format!("x={devices}").parse().unwrap();
+        let spec: PlacementSpec = spec.parse().unwrap();
+        let got = load_on::<f32>(&dir, &mesh, &spec, "t", &shape);
+        for (k, g) in got.iter().enumerate() {
+            assert_eq!(f64::from(*g), value(k / 600, k % 600), "element {k} at {spec:?} over {devices}");
+        }
+    }
+    // one value near the end of the first box flipped: found by every load, even by ranks whose
+    // windows stop short of it
+    let ck = Checkpoint::open(&dir).unwrap();
+    let b = ck.entry("t").unwrap().boxes.iter().find(|b| b.start == [0, 0]).unwrap().clone();
+    let file = ck.dir().join(&b.file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[(b.offset + b.len) as usize - 9] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    for (devices, place) in [(2, 0usize), (4, 0), (3, 1)] {
+        let e = launch_with(&opts(devices), |ctx| {
+            let p = nx::Placement::split(place, ctx.devices())?;
+            Ok(Checkpoint::open(&dir)?.load::<f32>(ctx, "t", &p).map(|_| ()).unwrap_err().to_string())
+        })
+        .unwrap()
+        .remove(0);
+        assert!(e.contains("do not match their checksum") && e.contains(&b.file), "{e}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use nx_collectives::Reducible;
 
-use super::{fnv64, st_dtype, st_name, BoxEntry, Index, TensorEntry};
+use super::{st_dtype, st_name, BoxEntry, Index, Sum, TensorEntry, CHUNK};
 use crate::tensor::{err, window_shape};
 use crate::{Ctx, Placement, Result, Tensor};
 
@@ -244,19 +244,20 @@ fn assemble<'d, T: Reducible>(
             let size = std::mem::size_of::<T>();
             let n: usize = w.iter().map(|r| r.len()).product();
             if terms <= 1 && T::DTYPE != crate::Dtype::Bool {
-                // read straight into the window's elements
-                let mut values = vec![T::default(); n];
-                // SAFETY: the bytes of `n` numbers of `T`, every bit pattern valid; borrowed
-                // mutably while `values` is not otherwise used.
-                let buf = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), n * size) };
-                let covered = fill(name, &w, boxes, dir, check, size, buf)?;
+                // read straight into the window's elements, in memory of the rig's pool
+                let local = nx_kernels::Array::<T>::uninit_on(ctx.rig(), &window_shape(&w))?;
+                let covered = local.with_slice_mut(|values| {
+                    // SAFETY: the bytes of the `n` numbers of `T` of `values`, every bit pattern
+                    // valid; borrowed mutably while `values` is not otherwise used.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), n * size) };
+                    fill(name, &w, boxes, dir, check, size, buf)
+                })??;
                 if covered != n {
                     return Err(err(
                         FUNC,
                         format!("{name}: the stored boxes cover {covered} of the {n} elements of window {w:?}"),
                     ));
                 }
-                let local = nx_kernels::Array::from_vec_on(ctx.rig(), &window_shape(&w), values)?;
                 let t = Tensor::from_local(ctx, shape, &closed, Some(local))?;
                 return if placement.is_partial() { t.place(placement) } else { Ok(t) };
             }
@@ -376,25 +377,68 @@ fn fill(
             })?;
             continue;
         }
-        let mut temp = Vec::new();
-        let bytes: &mut [u8] = if whole {
-            &mut buf[..]
-        } else {
-            temp.resize(b.len as usize, 0u8);
-            &mut temp[..]
-        };
-        files[b.file.as_str()].read_exact_at(bytes, b.offset).map_err(|e| {
+        let f = &files[b.file.as_str()];
+        let len = b.len as usize;
+        let truncated = |at: usize, n: usize, e: std::io::Error| {
             err(
                 FUNC,
                 format!(
                     "{name}: {}: bytes {}..{} cannot be read ({e}): the file is truncated",
                     path.display(),
-                    b.offset,
-                    b.offset + b.len
+                    b.offset + at as u64,
+                    b.offset + (at + n) as u64
                 ),
             )
-        })?;
-        if check && format!("{:016x}", fnv64(bytes)) != b.fnv64 {
+        };
+        let mut sum = Sum::new();
+        if whole {
+            // chunk by chunk straight into the window, each checked while in cache
+            let mut at = 0;
+            while at < len {
+                let n = CHUNK.min(len - at);
+                let dst = &mut buf[at..at + n];
+                f.read_exact_at(dst, b.offset + at as u64).map_err(|e| truncated(at, n, e))?;
+                if check {
+                    sum.update(dst);
+                }
+                at += n;
+            }
+            covered += numel;
+        } else {
+            // chunk by chunk into a scratch buffer, each checked, its part of each run along the
+            // last axis of the intersection copied out; the runs rise through the box
+            let mut scratch = vec![0u8; CHUNK.min(len)];
+            let (mut from, mut to) = (0usize, 0usize);
+            let mut next = |from: &mut usize, to: &mut usize, scratch: &mut Vec<u8>| -> Result<()> {
+                let n = CHUNK.min(len - *to);
+                f.read_exact_at(&mut scratch[..n], b.offset + *to as u64).map_err(|e| truncated(*to, n, e))?;
+                sum.update(&scratch[..n]);
+                (*from, *to) = (*to, *to + n);
+                Ok(())
+            };
+            let run = hi[r - 1] - lo[r - 1];
+            each_run(&lo, &hi, |idx| {
+                let src: usize = (0..r).fold(0, |o, d| o * b.extent[d] + (idx[d] - b.start[d])) * size;
+                let dst: usize = (0..r).fold(0, |o, d| o * w[d].len() + (idx[d] - w[d].start)) * size;
+                let mut done = 0;
+                while done < run * size {
+                    while src + done >= to {
+                        next(&mut from, &mut to, &mut scratch)?;
+                    }
+                    let take = (run * size - done).min(to - (src + done));
+                    let at = src + done - from;
+                    buf[dst + done..dst + done + take].copy_from_slice(&scratch[at..at + take]);
+                    done += take;
+                }
+                covered += run;
+                Ok(())
+            })?;
+            // the rest of the box, for its checksum
+            while to < len {
+                next(&mut from, &mut to, &mut scratch)?;
+            }
+        }
+        if check && format!("{:016x}", sum.finish()) != b.fnv64 {
             return Err(err(
                 FUNC,
                 format!(
@@ -405,24 +449,6 @@ fn fill(
                 ),
             ));
         }
-        if whole {
-            covered += numel;
-            continue;
-        }
-        if r == 0 {
-            buf[..size].copy_from_slice(&temp[..size]);
-            covered += 1;
-            continue;
-        }
-        // runs along the last axis of the intersection
-        let run = hi[r - 1] - lo[r - 1];
-        each_run(&lo, &hi, |idx| {
-            let src: usize = (0..r).fold(0, |o, d| o * b.extent[d] + (idx[d] - b.start[d]));
-            let dst: usize = (0..r).fold(0, |o, d| o * w[d].len() + (idx[d] - w[d].start));
-            buf[dst * size..(dst + run) * size].copy_from_slice(&temp[src * size..(src + run) * size]);
-            covered += run;
-            Ok(())
-        })?;
     }
     Ok(covered)
 }

@@ -4,7 +4,8 @@
 //! newest. A checkpoint is a directory of safetensors files, `rank<r>.safetensors` (the boxes rank
 //! `r` wrote), and one `index.json` ([`Index`]): for every tensor its name, dtype, global shape,
 //! the placement it was saved at (text), and each stored box (start, extents) with its file, byte
-//! range and checksum (64-bit, over 64-bit words in eight lanes); plus the caller's metadata (JSON: step, data position, …). Each
+//! range and checksum (64-bit, over 64-bit words in eight lanes); plus the caller's metadata
+//! (JSON: step, data position, …). Each
 //! box of the global value is written once: of the devices holding one window (copies), the first
 //! writes it. A partial value is closed before it is written ([`Saver::add`] places it: one
 //! collective, the value's bytes once), or saved as its terms ([`Saver::add_terms`]: no
@@ -12,7 +13,8 @@
 //! closing the value would).
 //!
 //! **Streaming.** Each rank's boxes go to its file at the commit straight from the windows where
-//! they lie (the header first, every size being known): no staging copy of a shard.
+//! they lie (the header first, every size being known), in 1 MiB chunks each checksummed while
+//! in cache: no staging copy of a shard.
 //!
 //! **Asynchronous.** [`Saver::commit_async`] writes the files on a thread of each rank's while
 //! training goes on (a window is a value no op changes: holding it is the snapshot);
@@ -27,8 +29,13 @@
 //! **Load.** [`Checkpoint::load`] reads, on each rank, only the boxes that intersect its window at
 //! the target placement (byte ranges read where they lie), checks each box's checksum and
 //! assembles the window exactly (uneven extents included); a missing, truncated or corrupted file
-//! is an error naming the file and the tensor. [`load_safetensors`] (= `Tensor::load`) reads one tensor of a plain
-//! safetensors file (Python's `safetensors`, PyTorch, Hugging Face) onto any placement.
+//! is an error naming the file and the tensor. A box is read by positioned reads of 1 MiB chunks,
+//! each checksummed while it is still in cache: a box that is the window straight into the
+//! window's memory (from the rig's pool), another through one chunk of scratch, its runs copied
+//! out (a memory map was the alternative: its page faults cost what the copy saves, and every
+//! byte of a box must be read for its checksum anyway). [`load_safetensors`] (= `Tensor::load`)
+//! reads one tensor of a plain safetensors file (Python's `safetensors`, PyTorch, Hugging Face)
+//! onto any placement, only the window's runs (a plain file carries no checksum to check).
 //!
 //! The ranks share one file system (one host, or a shared mount across hosts).
 //!
@@ -118,35 +125,66 @@ pub struct BoxEntry {
     pub term: usize,
 }
 
-/// The checksum of `bytes`: over their little-endian 64-bit words in eight interleaved lanes
+/// The bytes written or read at once: a box is checksummed in chunks of this size (a whole
+/// number of 64-byte blocks), each while it is still in cache.
+pub(crate) const CHUNK: usize = 1 << 20;
+
+/// A box's checksum, of its bytes: over their little-endian 64-bit words in eight interleaved lanes
 /// (word `i` to lane `i mod 8`; the last, short word padded with zeros), each word xored in,
 /// multiplied by FNV's 64-bit prime and its high half folded back down (so a difference in any bit
 /// reaches every later bit), the lanes then folded in order with the length — eight independent
 /// chains, so it runs at memory speed.
-pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
-    const P: u64 = 0x0100_0000_01b3;
-    let mix = |h: u64, w: u64| {
-        let h = (h ^ w).wrapping_mul(P);
-        h ^ (h >> 29)
-    };
-    let mut h = [0u64; 8];
-    for (i, l) in h.iter_mut().enumerate() {
-        *l = 0xcbf2_9ce4_8422_2325u64 ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1));
-    }
-    let mut blocks = bytes.chunks_exact(64);
-    for blk in &mut blocks {
-        for (l, w) in h.iter_mut().zip(blk.chunks_exact(8)) {
-            *l = mix(*l, u64::from_le_bytes(w.try_into().expect("8 bytes")));
+///
+/// Fed in pieces, every piece but the last a whole number of 64-byte blocks, so a box is
+/// summed chunk by chunk as it is written or read, each chunk while it is still in cache.
+pub(crate) struct Sum {
+    lanes: [u64; 8],
+    len: u64,
+    /// A short last block was folded in: no more bytes may follow.
+    ended: bool,
+}
+
+const P: u64 = 0x0100_0000_01b3;
+
+fn mix(h: u64, w: u64) -> u64 {
+    let h = (h ^ w).wrapping_mul(P);
+    h ^ (h >> 29)
+}
+
+impl Sum {
+    pub(crate) fn new() -> Sum {
+        let mut lanes = [0u64; 8];
+        for (i, l) in lanes.iter_mut().enumerate() {
+            *l = 0xcbf2_9ce4_8422_2325u64 ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1));
         }
+        Sum { lanes, len: 0, ended: false }
     }
-    let rest = blocks.remainder();
-    for (i, w) in rest.chunks(8).enumerate() {
-        let mut word = [0u8; 8];
-        word[..w.len()].copy_from_slice(w);
-        h[i] = mix(h[i], u64::from_le_bytes(word));
+
+    /// Folds in `bytes`, the next piece (a whole number of 64-byte blocks unless it is the last).
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
+        debug_assert!(!self.ended, "a piece after a short one");
+        let h = &mut self.lanes;
+        let mut blocks = bytes.chunks_exact(64);
+        for blk in &mut blocks {
+            for (l, w) in h.iter_mut().zip(blk.chunks_exact(8)) {
+                *l = mix(*l, u64::from_le_bytes(w.try_into().expect("8 bytes")));
+            }
+        }
+        let rest = blocks.remainder();
+        for (i, w) in rest.chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..w.len()].copy_from_slice(w);
+            h[i] = mix(h[i], u64::from_le_bytes(word));
+        }
+        self.ended = !rest.is_empty();
+        self.len += bytes.len() as u64;
     }
-    let out = h.iter().fold(0xcbf2_9ce4_8422_2325u64, |a, &l| mix(mix(a, l), l.rotate_left(32)));
-    mix(out, bytes.len() as u64)
+
+    /// The checksum of every piece folded in.
+    pub(crate) fn finish(&self) -> u64 {
+        let out = self.lanes.iter().fold(0xcbf2_9ce4_8422_2325u64, |a, &l| mix(mix(a, l), l.rotate_left(32)));
+        mix(out, self.len)
+    }
 }
 
 /// The safetensors dtype of an nx dtype, or `None` (complex numbers).
@@ -198,4 +236,33 @@ pub fn merge(dir: impl AsRef<std::path::Path>, out: impl AsRef<std::path::Path>)
     safetensors::serialize_to_file(views, &None, out)
         .map_err(|e| crate::tensor::err(FUNC, format!("{}: {e}", out.display())))?;
     Ok(whole.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sum;
+
+    #[test]
+    fn a_checksum_fed_in_pieces_is_the_checksum_fed_whole() {
+        let bytes: Vec<u8> = (0..1000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for len in [0usize, 1, 7, 63, 64, 65, 128, 999, 1000] {
+            let mut whole = Sum::new();
+            whole.update(&bytes[..len]);
+            for piece in [64usize, 128, 320] {
+                let mut parts = Sum::new();
+                for c in bytes[..len].chunks(piece) {
+                    parts.update(c);
+                }
+                assert_eq!(parts.finish(), whole.finish(), "{len} bytes in pieces of {piece}");
+            }
+            // every byte counts: one flipped bit changes the sum
+            if len > 0 {
+                let mut other = bytes[..len].to_vec();
+                other[len / 2] ^= 0x10;
+                let mut flipped = Sum::new();
+                flipped.update(&other);
+                assert_ne!(flipped.finish(), whole.finish(), "{len} bytes");
+            }
+        }
+    }
 }

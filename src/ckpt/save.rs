@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use nx_collectives::Reducible;
 
-use super::{fnv64, st_dtype, BoxEntry, Index, TensorEntry};
+use super::{st_dtype, BoxEntry, Index, Sum, TensorEntry, CHUNK};
 use crate::tensor::err;
 use crate::{Ctx, Placement, Result, Tensor};
 
@@ -163,8 +163,13 @@ impl<'d> Saver<'d> {
                     write: Box::new(move |out: &mut dyn Write| {
                         a.with_slice(|v| {
                             let b = bytes_of(v);
-                            out.write_all(b).map_err(|e| err(FUNC, format!("{what}: {e}")))?;
-                            Ok(fnv64(b))
+                            // chunk by chunk, each summed while it is still in cache
+                            let mut sum = Sum::new();
+                            for c in b.chunks(CHUNK) {
+                                out.write_all(c).map_err(|e| err(FUNC, format!("{what}: {e}")))?;
+                                sum.update(c);
+                            }
+                            Ok(sum.finish())
                         })?
                     }),
                 });
