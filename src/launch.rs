@@ -25,7 +25,7 @@ pub struct LaunchOptions {
     pub devices: Option<usize>,
     /// Checked collectives (default: on in debug builds).
     pub checked: Option<bool>,
-    /// Collective timeout (default: five minutes).
+    /// Collective timeout (default: `NX_TIMEOUT` seconds where set, else five minutes).
     pub timeout: Option<Duration>,
     /// Place a map's operand that is placed otherwise (of the same shape) as the map's first
     /// operand, logging each move, instead of failing (default: off: no byte moves silently).
@@ -301,13 +301,27 @@ fn sim_devices(opts: &LaunchOptions) -> Result<usize> {
     }
 }
 
+/// The collectives' timeout from `NX_TIMEOUT` (seconds, above 0), else five minutes.
+fn env_timeout() -> Result<Duration> {
+    match std::env::var("NX_TIMEOUT") {
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s > 0.0 && s <= 1e9 => Ok(Duration::from_secs_f64(s)),
+            _ => Err(Error::Invalid {
+                func: "nx::launch",
+                why: format!("NX_TIMEOUT={v:?} is not a number of seconds above 0 and at most 1e9"),
+            }),
+        },
+        Err(_) => Ok(Duration::from_secs(300)),
+    }
+}
+
 /// Runs `body` once per rank with the defaults of [`LaunchOptions`]; answers the results of the
 /// ranks of this process (every rank on a simulated mesh, this one under MPI).
 ///
 /// # Errors
 /// The first failing rank's error ([`Error::Collectives`] with `RankFailed` on a simulated mesh);
 /// under MPI a failing rank aborts the job instead. [`Error::Invalid`] for a bad `NX_SIM_DEVICES`
-/// or MPI requested without the `mpi` feature.
+/// or `NX_TIMEOUT`, or MPI requested without the `mpi` feature.
 pub fn launch<R, F>(body: F) -> Result<Vec<R>>
 where
     R: Send,
@@ -326,7 +340,10 @@ where
     F: for<'d> Fn(&Ctx<'d>) -> Result<R> + Sync,
 {
     let checked = opts.checked.unwrap_or(cfg!(debug_assertions));
-    let timeout = opts.timeout.unwrap_or(Duration::from_secs(300));
+    let timeout = match opts.timeout {
+        Some(t) => t,
+        None => env_timeout()?,
+    };
     if nx_collectives::mpi::under_mpirun() && !opts.local {
         return launch_mpi(checked, timeout, opts, body);
     }

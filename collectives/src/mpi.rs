@@ -371,7 +371,8 @@ mod imp {
                     break;
                 }
                 if start.elapsed() >= self.opts.timeout {
-                    let missing: Vec<usize> = pending.iter().map(|(j, _)| *j).collect();
+                    // named by world rank (`j` is a rank of this communicator)
+                    let missing: Vec<usize> = pending.iter().map(|(j, _)| self.members[*j]).collect();
                     pending.into_iter().for_each(|(_, r)| std::mem::forget(r));
                     sends.into_iter().for_each(std::mem::forget);
                     return Err(Error::Timeout {

@@ -46,9 +46,13 @@ struct RunArgs {
     /// Ranks to start (1 to 4096).
     #[arg(short = 'n', long = "np", default_value_t = 1, value_parser = args::ranks, allow_hyphen_values = true)]
     n: usize,
-    /// Hosts and their slots, as `a:4,b:4` (through mpirun).
+    /// Hosts and their slots, as `a:4,b:4`: through mpirun, or (--direct) through --agent.
     #[arg(long)]
     hosts: Option<String>,
+    /// The remote shell that starts direct ranks on --hosts, called as `AGENT HOST COMMAND`
+    /// (default: $NX_AGENT, else ssh); it must pass signals on (a cluster's agent does).
+    #[arg(long)]
+    agent: Option<String>,
     /// Start the ranks through mpirun (the default where mpirun is found).
     #[arg(long, conflicts_with = "direct")]
     mpi: bool,
@@ -64,9 +68,10 @@ struct RunArgs {
     /// Prefix every output line with its rank, as `[3] `.
     #[arg(long)]
     tag_output: bool,
-    /// Where the rendezvous store listens.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    store_addr: String,
+    /// Where the rendezvous store listens (default: 127.0.0.1:0, or with --hosts this host's
+    /// address that the first host reaches).
+    #[arg(long)]
+    store_addr: Option<String>,
     /// The program and its arguments (after `--`).
     #[arg(last = true, required = true)]
     program: Vec<String>,
@@ -89,18 +94,26 @@ fn run_cmd(a: RunArgs) -> ExitCode {
         eprintln!("nx: --mpi needs mpirun on PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)");
         return ExitCode::from(2);
     }
-    if a.hosts.is_some() && mode == Mode::Direct {
-        eprintln!("nx: --hosts needs --mpi: nx run starts remote ranks through mpirun");
-        return ExitCode::from(2);
-    }
+    let hosts = match a.hosts.as_deref().map(nx_launcher::run::parse_hosts).transpose() {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("nx: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let store_addr = a.store_addr.unwrap_or_else(|| match &hosts {
+        Some(h) => format!("{}:0", nx_launcher::run::address_toward(&h[0].0)),
+        None => "127.0.0.1:0".to_string(),
+    });
     let code = run(Options {
         n: a.n,
         mode,
         hosts: a.hosts,
+        agent: a.agent.or_else(|| std::env::var("NX_AGENT").ok()).unwrap_or_else(|| "ssh".to_string()),
         timeout: a.timeout.map(std::time::Duration::from_secs_f64),
         grace: std::time::Duration::from_secs_f64(a.grace),
         tag_output: a.tag_output,
-        store_addr: a.store_addr,
+        store_addr,
         program: a.program,
     });
     ExitCode::from(code.clamp(0, 255) as u8)

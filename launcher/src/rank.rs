@@ -170,13 +170,15 @@ async fn wrap(a: &RankArgs) -> (i32, Option<i32>) {
     record(&mut store, &format!("{STARTED}{rank}"), &Started { rank, host: host.clone(), pid });
     let seen = Arc::new(Mutex::new(Seen::default()));
     let mut io = JoinSet::new();
-    let (sink, writer) = match stream(rank).await {
+    // ranks on several hosts: each line tagged with its host too
+    let label = if local_size < size { format!("{rank}@{host}") } else { rank.to_string() };
+    let (sink, writer) = match stream(&label).await {
         Ok((tx, writer)) => (Sink::Send(tx), Some(writer)),
         Err(e) => {
             if store.is_some() {
                 eprintln!("nx rank: rank {rank} cannot stream its output to the store: {e}");
             }
-            (Sink::Print(a.tag_output.then(|| format!("[{rank}] "))), None)
+            (Sink::Print(a.tag_output.then(|| format!("[{label}] "))), None)
         }
     };
     if let Some(o) = child.stdout.take() {
@@ -217,13 +219,14 @@ async fn wrap(a: &RankArgs) -> (i32, Option<i32>) {
     }
 }
 
-/// Opens the stream of this rank's output to the store (`STREAM R`): answers the channel its lines
-/// go into and the task that writes them, which ends once every sender is gone and all is sent.
+/// Opens the stream of this rank's output to the store (`STREAM LABEL`: the rank, or `R@HOST`
+/// when the ranks span hosts): answers the channel its lines go into and the task that writes
+/// them, which ends once every sender is gone and all is sent.
 ///
 /// # Errors
 /// Where the store is not in the environment, cannot be reached or refuses the token.
 async fn stream(
-    rank: usize,
+    label: &str,
 ) -> std::io::Result<(tokio::sync::mpsc::UnboundedSender<(bool, String)>, tokio::task::JoinHandle<()>)> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
     let var = |k: &str| std::env::var(k).map_err(|_| std::io::Error::other(format!("{k} is not set")));
@@ -234,7 +237,7 @@ async fn stream(
     sock.set_nodelay(true)?;
     let (r, w) = sock.into_split();
     let mut w = BufWriter::new(w);
-    w.write_all(format!("AUTH {token}\nSTREAM {rank}\n").as_bytes()).await?;
+    w.write_all(format!("AUTH {token}\nSTREAM {label}\n").as_bytes()).await?;
     w.flush().await?;
     let mut reply = String::new();
     BufReader::new(r).read_line(&mut reply).await?;

@@ -40,8 +40,11 @@ pub struct Options {
     pub n: usize,
     /// How to start them.
     pub mode: Mode,
-    /// `--hosts a:4,b:4` (MPI only).
+    /// `--hosts a:4,b:4`: through mpirun's `--host`, or (direct) each rank through `agent`.
     pub hosts: Option<String>,
+    /// The remote shell of direct ranks on `hosts` (`ssh`, or a cluster's agent), split at
+    /// spaces: it is called as `AGENT HOST COMMAND` and must pass signals on to the command.
+    pub agent: String,
     /// Stop everything after this long.
     pub timeout: Option<Duration>,
     /// Between SIGTERM and SIGKILL.
@@ -67,7 +70,88 @@ fn killpg(pgid: i32, sig: i32) {
     }
 }
 
-fn spawn(opts: &Options, id: usize, env: &[(String, String)], io: &mut JoinSet<()>) -> std::io::Result<(Child, Proc)> {
+/// A direct rank's place: its host (`None`: this one) and its rank and ranks there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The host it runs on through the agent; `None` for this host.
+    pub host: Option<String>,
+    /// Its rank among the ranks of its host.
+    pub local: usize,
+    /// The ranks of its host.
+    pub local_size: usize,
+}
+
+/// The hosts and slots of `--hosts a:4,b:2` (a host without `:K` has one slot).
+///
+/// # Errors
+/// A message naming an empty host, a bad slot count, or an empty list.
+pub fn parse_hosts(text: &str) -> Result<Vec<(String, usize)>, String> {
+    let mut out = Vec::new();
+    for part in text.split(',') {
+        let (host, slots) = match part.rsplit_once(':') {
+            Some((h, k)) => (
+                h,
+                k.parse::<usize>()
+                    .ok()
+                    .filter(|&k| k > 0)
+                    .ok_or_else(|| format!("--hosts: {part:?}: the slots must be a positive number"))?,
+            ),
+            None => (part, 1),
+        };
+        if host.trim().is_empty() {
+            return Err(format!("--hosts: {text:?} names an empty host"));
+        }
+        out.push((host.trim().to_string(), slots));
+    }
+    Ok(out)
+}
+
+/// The places of `n` direct ranks: on this host, or filling the hosts in order, each up to its
+/// slots (as mpirun places by slot).
+///
+/// # Errors
+/// A message where `n` is more than the slots of the hosts.
+pub fn places(n: usize, hosts: Option<&[(String, usize)]>) -> Result<Vec<Place>, String> {
+    let Some(hosts) = hosts else {
+        return Ok((0..n).map(|i| Place { host: None, local: i, local_size: n }).collect());
+    };
+    let mut out = Vec::new();
+    for (h, slots) in hosts {
+        let k = (*slots).min(n - out.len());
+        out.extend((0..k).map(|i| Place { host: Some(h.clone()), local: i, local_size: k }));
+    }
+    if out.len() < n {
+        let total: usize = hosts.iter().map(|h| h.1).sum();
+        return Err(format!("-n {n} is more than the {total} slots of --hosts"));
+    }
+    Ok(out)
+}
+
+/// `word` quoted for a POSIX shell.
+fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// The address of this host that `host` reaches (the source address of a route to it), for
+/// the store to listen on; `127.0.0.1` where the route cannot be found.
+pub fn address_toward(host: &str) -> String {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let found = (host, 9).to_socket_addrs().ok().and_then(|mut a| a.find(|a| a.is_ipv4())).and_then(|to| {
+        // a UDP socket's connect sends nothing: it only picks the route and its source address
+        let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+        s.connect(to).ok()?;
+        s.local_addr().ok()
+    });
+    found.map_or_else(|| "127.0.0.1".to_string(), |a| a.ip().to_string())
+}
+
+fn spawn(
+    opts: &Options,
+    id: usize,
+    place: &Place,
+    env: &[(String, String)],
+    io: &mut JoinSet<()>,
+) -> std::io::Result<(Child, Proc)> {
     let mut cmd = if opts.mode == Mode::Mpi {
         let mut c = Command::new("mpirun");
         c.args(["--oversubscribe", "-n", &opts.n.to_string()]);
@@ -85,13 +169,30 @@ fn spawn(opts: &Options, id: usize, env: &[(String, String)], io: &mut JoinSet<(
         }
         c.arg("--").args(&opts.program);
         c
+    } else if let Some(at) = place.host.as_deref() {
+        // through the agent: the variables on the command line, every word quoted for the
+        // remote shell, which execs the program (so that its end, a signal too, is the agent's)
+        let mut words: Vec<String> = vec!["exec".into(), "env".into()];
+        let vars = [
+            ("NX_RANK", id.to_string()),
+            ("NX_WORLD_SIZE", opts.n.to_string()),
+            ("NX_LOCAL_RANK", place.local.to_string()),
+            ("NX_LOCAL_WORLD_SIZE", place.local_size.to_string()),
+        ];
+        let all = vars.iter().map(|(k, v)| (k.to_string(), v.clone())).chain(env.iter().cloned());
+        words.extend(all.map(|(k, v)| quote(&format!("{k}={v}"))));
+        words.extend(opts.program.iter().map(|w| quote(w)));
+        let mut agent = opts.agent.split_whitespace();
+        let mut c = Command::new(agent.next().unwrap_or("ssh"));
+        c.args(agent).arg(at).arg(words.join(" "));
+        c
     } else {
         let mut c = Command::new(&opts.program[0]);
         c.args(&opts.program[1..]);
         c.env("NX_RANK", id.to_string())
             .env("NX_WORLD_SIZE", opts.n.to_string())
-            .env("NX_LOCAL_RANK", id.to_string())
-            .env("NX_LOCAL_WORLD_SIZE", opts.n.to_string());
+            .env("NX_LOCAL_RANK", place.local.to_string())
+            .env("NX_LOCAL_WORLD_SIZE", place.local_size.to_string());
         c
     };
     cmd.envs(env.iter().map(|(k, v)| (k, v)))
@@ -104,7 +205,8 @@ fn spawn(opts: &Options, id: usize, env: &[(String, String)], io: &mut JoinSet<(
     let pgid = child.id().map_or(0, |p| p as i32);
     let seen = Arc::new(Mutex::new(Seen::default()));
     // under mpirun the ranks' lines come through the store, tagged there; mpirun's own go as they are
-    let tag = (opts.tag_output && opts.mode == Mode::Direct).then(|| format!("[{id}] "));
+    let label = place.host.as_ref().map_or_else(|| id.to_string(), |h| format!("{id}@{h}"));
+    let tag = (opts.tag_output && opts.mode == Mode::Direct).then(|| format!("[{label}] "));
     if let Some(o) = child.stdout.take() {
         forward(io, o, Sink::Print(tag.clone()), false, seen.clone());
     }
@@ -162,14 +264,33 @@ async fn supervise(opts: Options) -> i32 {
             return 1;
         }
     };
-    let env = vec![("NX_STORE".to_string(), store.addr.to_string()), ("NX_STORE_TOKEN".to_string(), token.clone())];
+    let mut env = vec![("NX_STORE".to_string(), store.addr.to_string()), ("NX_STORE_TOKEN".to_string(), token.clone())];
+    // nx's settings in this environment reach every rank, on every host (mpirun passes only
+    // what `-x` names to the ranks it starts elsewhere)
+    let own =
+        ["NX_STORE", "NX_STORE_TOKEN", "NX_RANK", "NX_WORLD_SIZE", "NX_LOCAL_RANK", "NX_LOCAL_WORLD_SIZE", "NX_AGENT"];
+    env.extend(std::env::vars().filter(|(k, _)| k.starts_with("NX_") && !own.contains(&k.as_str())));
     let mpi = opts.mode == Mode::Mpi;
     let mut io = JoinSet::new();
     let mut waits: JoinSet<(usize, std::io::Result<ExitStatus>)> = JoinSet::new();
     let mut procs = Vec::new();
     let count = if mpi { 1 } else { opts.n };
-    for id in 0..count {
-        match spawn(&opts, id, &env, &mut io) {
+    let hosts = match opts.hosts.as_deref().map(parse_hosts).transpose() {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("nx run: {e}");
+            return 2;
+        }
+    };
+    let places = match places(count, if mpi { None } else { hosts.as_deref() }) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("nx run: {e}");
+            return 2;
+        }
+    };
+    for (id, place) in places.iter().enumerate() {
+        match spawn(&opts, id, place, &env, &mut io) {
             Ok((mut child, p)) => {
                 waits.spawn(async move { (id, child.wait().await) });
                 procs.push(p);
@@ -237,13 +358,26 @@ async fn supervise(opts: Options) -> i32 {
     let report = Report { opts: &opts, store: &store };
     match outcome {
         None => 0,
+        // ranks that ended with no record while the first failure recorded is a rank stopped
+        // (SIGTERM) or none: their wrappers were killed too — the host's processes, or the host
+        Some(Stop::Failed(..) | Stop::Recorded)
+            if mpi
+                && !lost(&store).is_empty()
+                && first_failure(&store).is_none_or(|e| e.code == 128 + libc::SIGTERM) =>
+        {
+            report.lost(&lost(&store))
+        }
         Some(Stop::Failed(..) | Stop::Recorded) if mpi && first_failure(&store).is_some() => {
             let e = first_failure(&store).expect("a failure");
             report.rank(&format!("rank {} (host {})", e.rank, e.host), &e.how, &e.seen, e.code)
         }
         Some(Stop::Failed(id, status)) => {
             let (how, code, _) = describe(&status);
-            let who = if mpi { "mpirun".to_string() } else { format!("rank {id}") };
+            let who = match (&places[id].host, mpi) {
+                (_, true) => "mpirun".to_string(),
+                (Some(h), false) => format!("rank {id} (host {h})"),
+                (None, false) => format!("rank {id}"),
+            };
             let seen = procs[id].seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
             report.rank(&who, &how, &seen, code)
         }
@@ -263,6 +397,15 @@ async fn supervise(opts: Options) -> i32 {
             130
         }
     }
+}
+
+/// The ranks under mpirun that started and ended with no record.
+fn lost(store: &Served) -> Vec<Started> {
+    let ended: Vec<usize> = records::<Ended>(store, ENDED).iter().map(|e| e.rank).collect();
+    let mut out: Vec<Started> =
+        records::<Started>(store, STARTED).into_iter().filter(|s| !ended.contains(&s.rank)).collect();
+    out.sort_by_key(|s| s.rank);
+    out
 }
 
 /// `rank 2`, or `ranks 1, 2`.
@@ -335,6 +478,26 @@ impl Report<'_> {
         }
         eprint!("{out}");
         code
+    }
+
+    /// Ranks that vanished with no record (their wrappers killed with them), by host; answers
+    /// 137 (as for a SIGKILL).
+    fn lost(&self, lost: &[Started]) -> i32 {
+        let mut hosts: Vec<&str> = lost.iter().map(|s| s.host.as_str()).collect();
+        hosts.dedup();
+        let by_host: Vec<String> = hosts
+            .iter()
+            .map(|h| {
+                let ids: Vec<usize> = lost.iter().filter(|s| s.host == *h).map(|s| s.rank).collect();
+                format!("{} (host {h})", ranks_named(&ids))
+            })
+            .collect();
+        eprintln!(
+            "nx run: {} ended with no record: killed with their wrappers (SIGKILL to the host's processes) or their host went down; the other ranks were stopped (SIGTERM, then SIGKILL after {:?})",
+            by_host.join(", "),
+            self.opts.grace
+        );
+        137
     }
 
     /// The ranks under mpirun still running at the timeout, by their records (their stderr as
