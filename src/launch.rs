@@ -42,6 +42,11 @@ pub struct LaunchOptions {
     /// Run on a simulated mesh of this process even under `mpirun` or `nx run` (a one-device
     /// reference beside a distributed run).
     pub local: bool,
+    /// Lay the simulated ranks over hosts, this many ranks a host in rank order (`[2, 2]`: ranks
+    /// 0–1 on one host, 2–3 on another), so that reductions associate as MPI ranks laid out so
+    /// do (per host, then across hosts: the same bits); default `NX_SIM_HOSTS` (`2,2`) where set
+    /// and the launch is not `local`, else one host.
+    pub sim_hosts: Option<Vec<usize>>,
 }
 
 /// The communicator a rank was launched with.
@@ -65,6 +70,9 @@ macro_rules! delegate {
 }
 
 impl Communicator for Comm {
+    fn hosts(&self) -> Vec<usize> {
+        delegate!(self, c => c.hosts())
+    }
     fn rank(&self) -> usize {
         delegate!(self, c => c.rank())
     }
@@ -301,6 +309,26 @@ fn sim_devices(opts: &LaunchOptions) -> Result<usize> {
     }
 }
 
+/// The host of each of `n` simulated ranks, from [`LaunchOptions::sim_hosts`] or
+/// `NX_SIM_HOSTS` (empty: one host).
+fn sim_hosts(opts: &LaunchOptions, n: usize) -> Result<Vec<usize>> {
+    let bad = |why: String| Error::Invalid { func: "nx::launch", why };
+    let per: Vec<usize> = match (&opts.sim_hosts, std::env::var("NX_SIM_HOSTS")) {
+        (Some(h), _) => h.clone(),
+        (None, Ok(v)) if !opts.local => v
+            .split(',')
+            .map(|k| k.trim().parse::<usize>().ok().filter(|&k| k > 0))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| bad(format!("NX_SIM_HOSTS={v:?} is not a list of ranks a host, as 2,2")))?,
+        _ => return Ok(Vec::new()),
+    };
+    let total = per.iter().try_fold(0usize, |a, &k| a.checked_add(k));
+    if per.contains(&0) || total != Some(n) {
+        return Err(bad(format!("hosts of {per:?} ranks do not lay out the {n} simulated ranks")));
+    }
+    Ok(per.iter().enumerate().flat_map(|(h, &k)| std::iter::repeat_n(h, k)).collect())
+}
+
 /// The collectives' timeout from `NX_TIMEOUT` (seconds, above 0), else five minutes.
 fn env_timeout() -> Result<Duration> {
     match std::env::var("NX_TIMEOUT") {
@@ -357,7 +385,8 @@ where
     }
     let n = sim_devices(opts)?;
     let queue = sim_queue(opts)?;
-    let sopts = SimOptions { checked, timeout, faults: opts.faults.clone() };
+    let hosts = sim_hosts(opts, n)?;
+    let sopts = SimOptions { checked, timeout, faults: opts.faults.clone(), hosts };
     Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
         let index = comm.rank();
         let queue = queue.map(|q| QueueOptions { seed: q.seed ^ index as u64, ..q });

@@ -167,10 +167,11 @@ fn training_across_two_hosts_has_the_bits_of_the_simulated_mesh() {
     let Some(c) = Cluster::up("train", 11, 2, 2) else { return };
     let limit = Duration::from_secs(300);
     let mlp = example("train_mlp");
+    // the simulated mesh laid out as the hosts are (its reductions associate as theirs)
     let sim = checksum(&run(
         {
             let mut cmd = Command::new(&mlp);
-            cmd.args(MLP);
+            cmd.args(MLP).env("NX_SIM_HOSTS", "2,2");
             cmd
         },
         limit,
@@ -189,7 +190,7 @@ fn training_across_two_hosts_has_the_bits_of_the_simulated_mesh() {
     let sim = checksum(&run(
         {
             let mut cmd = Command::new(&gpt);
-            cmd.args(GPT);
+            cmd.args(GPT).env("NX_SIM_HOSTS", "2,2");
             cmd
         },
         limit,
@@ -223,14 +224,20 @@ fn the_collectives_pass_their_conformance_suite_and_keep_their_bits_across_hosts
             .env("NX_BITS_DIR", &dir);
         let out = run(cmd, Duration::from_secs(300));
         assert!(out.status.success(), "bits: {}", String::from_utf8_lossy(&out.stderr));
-        // the simulated backend's bits: reductions in rank (term) order, whatever the hosts
-        let want = sim::run(n, SimOptions::default(), |s: SimComm| nx_collectives::random::run(&s, seed, 24)).unwrap();
+        // the simulated backend laid out as the hosts are: the same bits; on one host: others
+        let layout: Vec<usize> = (0..n).map(|r| r / 2).collect();
+        let random = |s: SimComm| nx_collectives::random::run(&s, seed, 24);
+        let want = sim::run(n, SimOptions { hosts: layout, ..SimOptions::default() }, random).unwrap();
+        let flat = sim::run(n, SimOptions::default(), random).unwrap();
+        let mut unlike_flat = false;
         for (r, want) in want.iter().enumerate() {
             let bytes = std::fs::read(dir.join(format!("rank-{r}"))).unwrap();
             let got: Vec<u64> = bytes.chunks(8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).collect();
             assert_eq!(got.len(), want.len(), "rank {r}: result lengths");
             assert_eq!(got.iter().zip(want).position(|(a, b)| a != b), None, "rank {r}: first differing element");
+            unlike_flat |= got != flat[r];
         }
+        assert!(unlike_flat, "{n} ranks on {hosts} hosts: the cases tell the association across hosts from one host's");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

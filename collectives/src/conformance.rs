@@ -1,12 +1,14 @@
 //! The conformance suite: one body, generic over the backend, that every backend runs on every
 //! rank (tests of the simulated backend call it on 1–8 ranks; the MPI tests under `mpirun`).
 //!
-//! Every expected value is computed on each rank alone, in term order, from the ranks' known
-//! inputs, and compared bit for bit: a backend that passes gives the same bits as every other.
+//! Every expected value is computed on each rank alone, in term order (across hosts: per host,
+//! then the hosts in order, as [`Communicator::hosts`] documents), from the ranks' known inputs,
+//! and compared bit for bit: a backend that passes gives the same bits as every other.
 
 use half::bf16;
 use nx_placement::{plan, region, Device, Devices, Mesh, PlacementSpec};
 
+use crate::reduce::by_host;
 use crate::{place_in, Alloc, Communicator, Error, Groups, Heap, ReduceOp, Result};
 
 /// The element types the suite moves; an allocator of them all gives its buffers.
@@ -29,6 +31,18 @@ fn fresh<T, A: Alloc<T>>(alloc: &A, len: usize) -> Result<A::Buf> {
 /// Rank r's input of `len` elements: distinct, inexact values.
 pub fn input(r: usize, len: usize) -> Vec<f32> {
     (0..len).map(|i| ((r * 7919 + i * 104_729) % 10_007) as f32 / 977.0 - 5.0).collect()
+}
+
+/// Terms `f(0)…` reduced by `op` in the documented association: each host's terms (`groups`, by
+/// host in term order) in term order, each host's result rounded by `round`, then the hosts in
+/// order (one host: term order itself).
+fn across<A: Copy>(groups: &[Vec<usize>], f: impl Fn(usize) -> A, op: impl Fn(A, A) -> A, round: impl Fn(A) -> A) -> A {
+    let part = |g: &Vec<usize>| g[1..].iter().fold(f(g[0]), |a, &q| op(a, f(q)));
+    if groups.len() == 1 {
+        return part(&groups[0]);
+    }
+    let hosts: Vec<A> = groups.iter().map(|g| round(part(g))).collect();
+    hosts[1..].iter().fold(hosts[0], |a, &h| op(a, h))
 }
 
 fn check<T: PartialEq + std::fmt::Debug + ?Sized>(what: &str, rank: usize, got: &T, want: &T) -> Result<()> {
@@ -58,18 +72,19 @@ pub fn suite<C: Communicator>(c: &C) -> Result<()> {
 /// As [`suite`].
 pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     let (n, r) = (c.size(), c.rank());
+    let hosts = by_host(c.hosts());
     let len = 3 * n + 1; // uneven on purpose
     let mine = input(r, len);
     let mut got = fresh::<f32, _>(alloc, len)?;
     c.all_reduce(&mine, &mut got, ReduceOp::Sum)?;
-    let want: Vec<f32> = (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc + input(q, len)[i])).collect();
+    let want: Vec<f32> = (0..len).map(|i| across(&hosts, |q| input(q, len)[i], |a, b| a + b, |a| a)).collect();
     check("all_reduce sum", r, &bits(&got), &bits(&want))?;
     c.all_reduce(&mine, &mut got, ReduceOp::Max)?;
     let want: Vec<f32> = (0..len).map(|i| (0..n).map(|q| input(q, len)[i]).fold(f32::NEG_INFINITY, f32::max)).collect();
     check("all_reduce max", r, &got[..], &want[..])?;
     // the product, each step rounded, and the least, in term order
     c.all_reduce(&mine, &mut got, ReduceOp::Prod)?;
-    let want: Vec<f32> = (0..len).map(|i| (1..n).fold(input(0, len)[i], |acc, q| acc * input(q, len)[i])).collect();
+    let want: Vec<f32> = (0..len).map(|i| across(&hosts, |q| input(q, len)[i], |a, b| a * b, |a| a)).collect();
     check("all_reduce prod", r, &bits(&got), &bits(&want))?;
     c.all_reduce(&mine, &mut got, ReduceOp::Min)?;
     let want: Vec<f32> = (0..len)
@@ -135,8 +150,9 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     c.all_reduce(&halves, &mut hs, ReduceOp::Sum)?;
     let want: Vec<bf16> = (0..len)
         .map(|i| {
-            let s = (1..n)
-                .fold(bf16::from_f32(input(0, len)[i]).to_f32(), |a, q| a + bf16::from_f32(input(q, len)[i]).to_f32());
+            let term = |q: usize| bf16::from_f32(input(q, len)[i]).to_f32();
+            let host = |a: f32| nx_kernels::dtype::convert::f32_to_bf16(a).to_f32();
+            let s = across(&hosts, term, |a, b| a + b, host);
             nx_kernels::dtype::convert::f32_to_bf16(s)
         })
         .collect();
@@ -148,7 +164,7 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
     c.reduce_scatter_v(&input(r, total), &mut part, &counts, ReduceOp::Sum)?;
     let off: usize = counts[..r].iter().sum();
     let want: Vec<f32> =
-        (0..counts[r]).map(|i| (1..n).fold(input(0, total)[off + i], |a, q| a + input(q, total)[off + i])).collect();
+        (0..counts[r]).map(|i| across(&hosts, |q| input(q, total)[off + i], |a, b| a + b, |a| a)).collect();
     check("reduce_scatter", r, &bits(&part), &bits(&want))?;
     let mut ip = fresh::<i32, _>(alloc, counts[r])?;
     let ints = |q: usize| -> Vec<i32> { input(q, total).iter().map(|&x| (x * 1000.0) as i32).collect() };
@@ -215,7 +231,8 @@ fn large<C: Communicator, A: Alloc<f32>>(c: &C, alloc: &A) -> Result<()> {
     let (n, r) = (c.size(), c.rank());
     let len = 1_200_007;
     let inputs: Vec<Vec<f32>> = (0..n).map(|q| input(q, len)).collect();
-    let sum = |i: usize| (1..n).fold(inputs[0][i], |acc, q| acc + inputs[q][i]);
+    let hosts = by_host(c.hosts());
+    let sum = |i: usize| across(&hosts, |q| inputs[q][i], |a, b| a + b, |a| a);
     let mut got = fresh::<f32, _>(alloc, len)?;
     c.all_reduce(&inputs[r], &mut got, ReduceOp::Sum)?;
     let want: Vec<f32> = (0..len).map(sum).collect();
@@ -351,9 +368,20 @@ pub fn places_in<C: Communicator, A: Alloc<f32>>(c: &C, groups: &Groups<C>, allo
                 elements(w).into_iter().map(|i| t.map_or(global(i), |t| term(i, t))).collect::<Vec<f32>>()
             });
             let terms = p.terms();
+            let hosts = c.hosts();
             let value = |i: usize| {
                 if p.is_partial() {
-                    (1..terms).fold(term(i, 0), |acc, t| acc + term(i, t))
+                    // term t's host: that of the device holding term t's window of element i
+                    // (the first, where copies hold it)
+                    let holder = |t: usize| {
+                        (0..n)
+                            .find(|&d| {
+                                p.term(d).ok().flatten() == Some(t)
+                                    && pl.old[d].as_ref().is_some_and(|w| elements(w).contains(&i))
+                            })
+                            .map_or(0, |d| hosts[d])
+                    };
+                    across(&by_host((0..terms).map(holder)), |t| term(i, t), |a, b| a + b, |a| a)
                 } else {
                     global(i)
                 }

@@ -231,6 +231,14 @@ pub trait Communicator: Sized {
         None
     }
 
+    /// The host of each member, by rank (equal numbers share a host; default: one host).
+    /// Reductions over members on several hosts associate per host: each host's terms in rank
+    /// order, rounded to the dtype, then the host results in the order of their lowest members
+    /// — on one host, or one member a host, plain rank order.
+    fn hosts(&self) -> Vec<usize> {
+        vec![0; self.size()]
+    }
+
     /// Waits until every rank arrives.
     ///
     /// # Errors

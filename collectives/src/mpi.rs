@@ -77,7 +77,7 @@ mod imp {
     use crate::checks;
     use crate::checks::offsets as displs;
     use crate::log::{traffic, Event, Op, Recorder};
-    use crate::reduce::reduce_into;
+    use crate::reduce::{by_host, reduce_grouped};
     use crate::shm::{Node, Shm, MAX_RANKS, SEGMENT};
     use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
     use nx_kernels::Array;
@@ -92,6 +92,8 @@ mod imp {
         world_rank: usize,
         /// Every member's world rank, by communicator rank (errors name world ranks).
         members: Rc<[usize]>,
+        /// The host of every world rank (the lowest world rank on it), by world rank.
+        hosts: Rc<[usize]>,
         seq: Cell<u64>,
         opts: MpiOptions,
         /// Reused message memory (8-byte aligned): a fresh large buffer would fault its pages in
@@ -138,6 +140,17 @@ mod imp {
                 .sum::<Option<usize>>()
         });
         parsed.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// The host of every rank of `world`, named by the lowest world rank on it (collective).
+    fn host_of_each(world: &SimpleCommunicator) -> Rc<[usize]> {
+        let node = world.split_shared(world.rank());
+        let mut on_node = vec![0u64; node.size() as usize];
+        node.all_gather_into(&(world.rank() as u64), &mut on_node[..]);
+        let mine = on_node.iter().copied().min().unwrap_or(world.rank() as u64);
+        let mut all = vec![0u64; world.size() as usize];
+        world.all_gather_into(&mine, &mut all[..]);
+        all.into_iter().map(|h| h as usize).collect()
     }
 
     /// Makes the shared segments of the world's ranks (collective over `world`), or `None` where
@@ -236,10 +249,12 @@ mod imp {
         let node = if std::env::var("NX_MPI_SHM").is_ok_and(|v| v == "0") { None } else { make_node(&comm) };
         let shm = node.as_ref().map(|n| Shm::new(n.clone(), (0..comm.size() as usize).collect(), opts.timeout));
         let members: Rc<[usize]> = (0..comm.size() as usize).collect();
+        let hosts = host_of_each(&comm);
         let comm = MpiComm {
             comm,
             world_rank: rank,
             members,
+            hosts,
             seq: Cell::new(0),
             opts,
             scratch: RefCell::new(None),
@@ -554,13 +569,17 @@ mod imp {
                 let terms: Vec<&[T]> = (0..n)
                     .map(|q| if q == me { &send[lo..lo + mine] } else { &blocks[q * mine..(q + 1) * mine] })
                     .collect();
-                reduce_into(op, &terms, out);
+                reduce_grouped(op, &terms, &by_host(self.hosts()), out);
             }
             Ok(())
         }
     }
 
     impl Communicator for MpiComm {
+        fn hosts(&self) -> Vec<usize> {
+            self.members.iter().map(|&m| self.hosts[m]).collect()
+        }
+
         fn rank(&self) -> usize {
             self.comm.rank() as usize
         }
@@ -756,6 +775,7 @@ mod imp {
                 comm,
                 world_rank: self.world_rank,
                 members,
+                hosts: self.hosts.clone(),
                 seq: Cell::new(0),
                 opts: self.opts,
                 scratch: RefCell::new(None),

@@ -1,4 +1,5 @@
-//! Reductions of collectives, in term (rank) order, halves in f32.
+//! Reductions of collectives, in term (rank) order, halves in f32; across hosts, per host first
+//! ([`reduce_grouped`]).
 
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
@@ -187,6 +188,42 @@ pub(crate) fn reduce_into<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut 
     }
     fold_op(op, terms, out);
     true
+}
+
+/// The members of a communicator grouped by host, from each member's host (in member order):
+/// each group the positions of one host's members in member order, the groups in the order of
+/// their first member.
+pub(crate) fn by_host(hosts: impl IntoIterator<Item = usize>) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (i, h) in hosts.into_iter().enumerate() {
+        match groups.iter_mut().find(|g| g.0 == h) {
+            Some(g) => g.1.push(i),
+            None => groups.push((h, vec![i])),
+        }
+    }
+    groups.into_iter().map(|g| g.1).collect()
+}
+
+/// The reduction of `terms` across hosts: each host's terms (`groups`, from [`by_host`]) reduced
+/// in term order and rounded to `T`, then the host results in host order — the association of
+/// the hierarchical path, which every path of every backend keeps so that results depend only
+/// on the layout of the members over hosts. One host, or one member a host, is [`reduce_into`]
+/// itself (the same bits).
+pub(crate) fn reduce_grouped<T: Reducible>(op: ReduceOp, terms: &[&[T]], groups: &[Vec<usize>], out: &mut [T]) -> bool {
+    if groups.len() <= 1 || groups.iter().all(|g| g.len() == 1) {
+        return reduce_into(op, terms, out);
+    }
+    let mut partials: Vec<Vec<T>> = Vec::with_capacity(groups.len());
+    for g in groups {
+        let mine: Vec<&[T]> = g.iter().map(|&i| terms[i]).collect();
+        let mut p = vec![T::default(); out.len()];
+        if !reduce_into(op, &mine, &mut p) {
+            return false;
+        }
+        partials.push(p);
+    }
+    let parts: Vec<&[T]> = partials.iter().map(Vec::as_slice).collect();
+    reduce_into(op, &parts, out)
 }
 
 /// [`fold_op`] compiled for AVX2: the same operations in the same order (the same bits), with
@@ -413,6 +450,55 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             check_all(true);
+        }
+    }
+
+    /// Hosts of members in any order: the groups by host in the order of their first member.
+    #[test]
+    fn members_group_by_host_in_order_of_first_member() {
+        assert_eq!(by_host([4, 4, 0, 4, 0, 9]), vec![vec![0, 1, 3], vec![2, 4], vec![5]]);
+        assert_eq!(by_host([7, 7, 7]), vec![vec![0, 1, 2]]);
+        assert_eq!(by_host(std::iter::empty()), Vec::<Vec<usize>>::new());
+    }
+
+    /// Across hosts: each host's column reduced naively and rounded, then the host results
+    /// naively in host order; one host, or one member a host, the flat reduction's very bits.
+    #[test]
+    fn a_reduction_across_hosts_reduces_each_host_then_the_hosts() {
+        let term = |k: usize| -> Vec<f32> {
+            (0..700).map(|i| ((i * 37 + k * 101) % 997) as f32 * 1.0e-3 + 1.0e3 * k as f32).collect()
+        };
+        let f: Vec<Vec<f32>> = (0..5).map(term).collect();
+        let terms: Vec<&[f32]> = f.iter().map(|t| &t[..]).collect();
+        let layouts: [Vec<Vec<usize>>; 3] =
+            [vec![vec![0, 1], vec![2, 3, 4]], vec![vec![0, 2, 4], vec![1, 3]], vec![vec![0, 1], vec![2], vec![3, 4]]];
+        let mut differs = false;
+        for groups in &layouts {
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max] {
+                let mut got = vec![0f32; 700];
+                assert!(reduce_grouped(op, &terms, groups, &mut got));
+                let mut flat = vec![0f32; 700];
+                assert!(reduce_into(op, &terms, &mut flat));
+                for i in 0..700 {
+                    let hosts: Vec<f32> = groups
+                        .iter()
+                        .map(|g| f32::naive(op, &g.iter().map(|&k| f[k][i]).collect::<Vec<f32>>()))
+                        .collect();
+                    let want = f32::naive(op, &hosts);
+                    assert!(f32::same(got[i], want), "{groups:?} {} at {i}: {} want {want}", op.name(), got[i]);
+                    differs |= got[i].to_bits() != flat[i].to_bits();
+                }
+            }
+        }
+        assert!(differs, "the cases tell the two associations apart");
+        for groups in [vec![vec![0, 1, 2, 3, 4]], vec![vec![0], vec![1], vec![2], vec![3], vec![4]]] {
+            let (mut a, mut b) = (vec![0f32; 700], vec![0f32; 700]);
+            reduce_grouped(ReduceOp::Sum, &terms, &groups, &mut a);
+            reduce_into(ReduceOp::Sum, &terms, &mut b);
+            assert_eq!(
+                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
         }
     }
 }

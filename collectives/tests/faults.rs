@@ -27,7 +27,8 @@ fn body(c: &sim::SimComm, k: usize) -> Result<()> {
 const KINDS: [&str; 7] = ["barrier", "broadcast", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "split"];
 
 fn run(kind: FaultKind, k: usize, timeout: Duration) -> (Result<Vec<()>>, Duration) {
-    let opts = SimOptions { checked: true, timeout, faults: vec![Fault { rank: 1, at: 1, kind }] };
+    let opts =
+        SimOptions { checked: true, timeout, faults: vec![Fault { rank: 1, at: 1, kind }], ..SimOptions::default() };
     let start = Instant::now();
     let out = sim::run(3, opts, |c| body(&c, k));
     (out, start.elapsed())
@@ -99,6 +100,7 @@ fn calls_are_counted_over_every_communicator_sends_and_receives_included() {
             checked: true,
             timeout: Duration::from_secs(30),
             faults: vec![Fault { rank: 2, at, kind: FaultKind::Fail }],
+            ..SimOptions::default()
         };
         let start = Instant::now();
         let e = sim::run(4, opts, |c| -> Result<()> {
@@ -132,6 +134,7 @@ fn a_delay_past_the_peers_timeout_ends_in_their_timeout_never_in_a_stale_meeting
         checked: true,
         timeout,
         faults: vec![Fault { rank: 1, at: 1, kind: FaultKind::Delay(Duration::from_millis(700)) }],
+        ..SimOptions::default()
     };
     let said = std::sync::Mutex::new(vec![String::new(); 3]);
     let out = sim::run(3, opts, |c| -> Result<()> {

@@ -24,6 +24,26 @@ fn the_conformance_suite_on_1_to_8_ranks() {
 }
 
 #[test]
+fn the_conformance_suite_on_ranks_laid_out_over_hosts() {
+    // per host, then across hosts: blocks of hosts, an uneven last host, hosts interleaved, one
+    // rank a host (plain rank order)
+    let layouts: [&[usize]; 5] =
+        [&[0, 0, 1, 1], &[0, 0, 1, 1, 2], &[0, 1, 0, 1], &[0, 0, 0, 1, 1, 1, 2, 2], &[0, 1, 2]];
+    for hosts in layouts {
+        let o = SimOptions { hosts: hosts.to_vec(), ..opts() };
+        sim::run(hosts.len(), o, |c: SimComm| {
+            assert_eq!(c.hosts(), hosts);
+            nx_collectives::conformance::suite(&c)?;
+            nx_collectives::conformance::places(&c)
+        })
+        .unwrap_or_else(|e| panic!("hosts {hosts:?}: {e}"));
+    }
+    // a layout of other length than the world is refused
+    let e = sim::run(3, SimOptions { hosts: vec![0, 1], ..opts() }, |_c: SimComm| Ok::<_, Error>(())).unwrap_err();
+    assert!(e.to_string().contains("hosts for 2 ranks in a world of 3"), "{e}");
+}
+
+#[test]
 fn the_conformance_suite_on_queued_devices_from_their_pools() {
     for n in [1, 2, 3, 5, 8] {
         sim::run(n, opts(), |c: SimComm| {

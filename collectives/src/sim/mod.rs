@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::checks;
 use crate::log::{traffic, Event, Op, Recorder};
-use crate::reduce::reduce_into;
+use crate::reduce::{by_host, reduce_grouped};
 use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
 
 mod fault;
@@ -41,13 +41,17 @@ pub struct SimOptions {
     pub timeout: Duration,
     /// Faults to inject ([`Fault`]).
     pub faults: Vec<Fault>,
+    /// The host of each rank, to simulate a layout over hosts (empty: one host): reductions
+    /// then associate as the MPI backend's do across hosts ([`Communicator::hosts`]), the same
+    /// bits as MPI ranks laid out so.
+    pub hosts: Vec<usize>,
 }
 
 impl Default for SimOptions {
     /// The collectives' defaults ([`crate::Options`]), no faults.
     fn default() -> Self {
         let o = crate::Options::default();
-        SimOptions { checked: o.checked, timeout: o.timeout, faults: Vec::new() }
+        SimOptions { checked: o.checked, timeout: o.timeout, faults: Vec::new(), hosts: Vec::new() }
     }
 }
 
@@ -83,6 +87,12 @@ where
         return Err(Error::Invalid {
             func: "nx_collectives::sim::run",
             why: format!("a world of {n} ranks (a simulated world has 1 to {MAX_RANKS}: a thread each)"),
+        });
+    }
+    if !opts.hosts.is_empty() && opts.hosts.len() != n {
+        return Err(Error::Invalid {
+            func: "nx_collectives::sim::run",
+            why: format!("hosts for {} ranks in a world of {n}", opts.hosts.len()),
         });
     }
     let world = Arc::new(World::new(n, opts));
@@ -231,6 +241,11 @@ unsafe fn put<T: Copy>(src: *const T, dst: *mut T, n: usize, stream: bool) {
 }
 
 impl Communicator for SimComm {
+    fn hosts(&self) -> Vec<usize> {
+        let hosts = &self.world.opts.hosts;
+        self.group.members.iter().map(|&m| hosts.get(m).copied().unwrap_or(0)).collect()
+    }
+
     fn rank(&self) -> usize {
         self.rank
     }
@@ -289,6 +304,7 @@ impl Communicator for SimComm {
         const BLOCK: usize = 1 << 14;
         let stream = streams::<T>(len);
         let mut block = vec![T::default(); BLOCK.min(hi - lo)];
+        let tiers = by_host(self.hosts());
         let mut at = lo;
         while at < hi {
             let m = BLOCK.min(hi - at);
@@ -297,7 +313,7 @@ impl Communicator for SimComm {
             unsafe {
                 let terms: Vec<&[T]> =
                     slots.iter().map(|s| std::slice::from_raw_parts((s.0 as *const T).add(at), m)).collect();
-                reduce_into(op, &terms, &mut block[..m]);
+                reduce_grouped(op, &terms, &tiers, &mut block[..m]);
                 for s in &slots {
                     put(block.as_ptr(), (s.1 as *mut T).add(at), m, stream);
                 }
@@ -327,7 +343,7 @@ impl Communicator for SimComm {
         unsafe {
             let terms: Vec<&[T]> =
                 slots.iter().map(|s| std::slice::from_raw_parts((s.0 as *const T).add(off), recv.len())).collect();
-            reduce_into(op, &terms, recv);
+            reduce_grouped(op, &terms, &by_host(self.hosts()), recv);
         }
         self.close("reduce_scatter")
     }
