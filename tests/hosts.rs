@@ -213,6 +213,10 @@ fn the_collectives_pass_their_conformance_suite_and_keep_their_bits_across_hosts
         cmd.arg("conformance");
         let out = run(cmd, Duration::from_secs(300));
         assert!(out.status.success(), "{n} ranks on {hosts} hosts: {}", String::from_utf8_lossy(&out.stderr));
+        // two hosts of two: the hierarchical path; 2, 2 and 1: the flat exchange
+        let path = if n == 4 { "MPI calls within and across hosts" } else { "through MPI calls" };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(&format!("conformance passed on {n} ranks")) && text.contains(path), "{text}");
         let seed = 7000 + n as u64;
         let dir = std::env::temp_dir().join(format!("nx-hosts-bits-{}-{seed}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -337,5 +341,22 @@ fn a_cut_link_is_an_error_naming_the_unreachable_ranks() {
         "the error came after the timeout, not a hang: {:?}",
         cut.elapsed()
     );
+    nothing_left(&c);
+    // unchecked all-reduces of 4 MiB: the cut meets the ranks inside MPI's calls, where the
+    // watchdog ends the wait (3 s) naming the ranks of the other host
+    assert!(Command::new("ip").args(["link", "set", &dev, "up"]).status().expect("ip").success());
+    let check = binary("nx-mpi-check");
+    let mut cmd = c.nx_run(4, &["--grace", "2"]);
+    cmd.arg(&check).arg("forever").stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("nx run starts");
+    assert!(until(Duration::from_secs(60), || c.running(2, &check).len() == 2), "the ranks start");
+    std::thread::sleep(Duration::from_secs(2));
+    let cut = Instant::now();
+    assert!(Command::new("ip").args(["link", "set", &dev, "down"]).status().expect("ip").success());
+    let out = wait(child, Duration::from_secs(120));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("inside MPI's calls") && err.contains("for ranks [2, 3]"), "{err}");
+    assert!(cut.elapsed() < Duration::from_secs(60), "not a hang: {:?}", cut.elapsed());
     nothing_left(&c);
 }

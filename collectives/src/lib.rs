@@ -29,6 +29,10 @@ mod groups;
 pub mod log;
 pub mod mismatch;
 pub mod mpi;
+#[cfg(feature = "mpi")]
+mod mpi_tiers;
+#[cfg(feature = "mpi")]
+mod mpi_watch;
 pub mod place;
 pub mod random;
 mod reduce;

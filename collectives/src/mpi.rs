@@ -71,12 +71,14 @@ mod imp {
     use mpi::topology::Communicator as _;
     use mpi::topology::{Color, SimpleCommunicator};
     use mpi::traits::{CommunicatorCollectives as _, Destination as _, Root as _, Source as _};
-    use mpi::Count;
 
     use super::MpiOptions;
     use crate::checks;
     use crate::checks::offsets as displs;
     use crate::log::{traffic, Event, Op, Recorder};
+    use crate::mpi_tiers as tiers;
+    use crate::mpi_tiers::{byte_counts, bytes, bytes_mut};
+    use crate::mpi_watch::{Guard, Watch};
     use crate::reduce::{by_host, reduce_grouped};
     use crate::shm::{Node, Shm, MAX_RANKS, SEGMENT};
     use crate::{Communicator, Error, Fingerprint, ReduceOp, Reducible, Result};
@@ -94,6 +96,10 @@ mod imp {
         members: Rc<[usize]>,
         /// The host of every world rank (the lowest world rank on it), by world rank.
         hosts: Rc<[usize]>,
+        /// The hierarchical path, where the members lie on several hosts, as many on each.
+        tiers: Option<Rc<tiers::Tiers>>,
+        /// The process's watch over MPI's blocking calls (shared with the splits).
+        watch: Watch,
         seq: Cell<u64>,
         opts: MpiOptions,
         /// Reused message memory (8-byte aligned): a fresh large buffer would fault its pages in
@@ -140,6 +146,16 @@ mod imp {
                 .sum::<Option<usize>>()
         });
         parsed.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// The hierarchical path of `comm`, whose member of rank r is world rank r's of `hosts`
+    /// (for the world; a split passes its members' hosts), unless `NX_MPI_HIER=0` (the same on
+    /// every rank) or the layout is not regular ([`tiers::Tiers::new`]).
+    fn hierarchical(comm: &SimpleCommunicator, hosts: &[usize]) -> Option<Rc<tiers::Tiers>> {
+        if std::env::var("NX_MPI_HIER").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        tiers::Tiers::new(comm, hosts).map(Rc::new)
     }
 
     /// The host of every rank of `world`, named by the lowest world rank on it (collective).
@@ -250,11 +266,14 @@ mod imp {
         let shm = node.as_ref().map(|n| Shm::new(n.clone(), (0..comm.size() as usize).collect(), opts.timeout));
         let members: Rc<[usize]> = (0..comm.size() as usize).collect();
         let hosts = host_of_each(&comm);
+        let tiers = hierarchical(&comm, &hosts);
         let comm = MpiComm {
             comm,
             world_rank: rank,
             members,
             hosts,
+            tiers,
+            watch: Watch::new(),
             seq: Cell::new(0),
             opts,
             scratch: RefCell::new(None),
@@ -276,29 +295,6 @@ mod imp {
         };
         eprintln!("nx: rank {rank} failed: {why}");
         world.abort(1)
-    }
-
-    fn bytes<T: Copy>(s: &[T]) -> &[u8] {
-        // SAFETY: nx's elements are plain data without padding; any initialised memory reads as bytes.
-        unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
-    }
-
-    fn bytes_mut<T: Reducible>(s: &mut [T]) -> &mut [u8] {
-        // SAFETY: as `bytes`; peers write values of the same dtype (checked by fingerprints), so
-        // every element written is one of `T`'s values (a bool 0 or 1).
-        unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
-    }
-
-    /// The byte counts of runs of `counts` elements of `T`, in MPI's count type.
-    fn byte_counts<T>(counts: impl IntoIterator<Item = usize>, func: &'static str) -> Result<Vec<Count>> {
-        counts
-            .into_iter()
-            .map(|c| {
-                let n = c * size_of::<T>();
-                Count::try_from(n)
-                    .map_err(|_| Error::Invalid { func, why: format!("{n} bytes exceed MPI's count range") })
-            })
-            .collect()
     }
 
     /// A fingerprint record: `seq`, then the shape key, the words and the extra counts, each on
@@ -460,10 +456,11 @@ mod imp {
         ///
         /// # Errors
         /// [`Error::Mismatch`].
-        fn agree_shape(&self, fp: &Fingerprint, pairs: Option<(&[usize], &[usize])>) -> Result<()> {
+        fn agree_shape(&self, fp: &Fingerprint, pairs: Option<(&[usize], &[usize])>) -> Result<Guard<'_>> {
             use mpi::collective::SystemOperation;
+            let watch = self.watched(fp, None);
             if self.opts.checked {
-                return Ok(());
+                return Ok(watch);
             }
             let shape = format!("{}|{:?}|{:?}", fp.op, fp.dtype, fp.counts);
             // FNV-1a: any hash does; a collision could only let two differing calls through to
@@ -477,7 +474,7 @@ mod imp {
             self.comm.all_reduce_into(&mine[..], &mut max[..], SystemOperation::max());
             let same = max == mine;
             if same {
-                let Some((send, recv)) = pairs else { return Ok(()) };
+                let Some((send, recv)) = pairs else { return Ok(watch) };
                 let counts: Vec<u64> = send.iter().map(|&c| c as u64).collect();
                 let mut theirs = vec![0u64; self.size()];
                 self.comm.all_to_all_into(&counts[..], &mut theirs[..]);
@@ -485,7 +482,7 @@ mod imp {
                 let mut any = 0u64;
                 self.comm.all_reduce_into(&bad, &mut any, SystemOperation::max());
                 if any == 0 {
-                    return Ok(());
+                    return Ok(watch);
                 }
             }
             // every rank is here, knowing alike: gather the calls (or an all-to-all's counts)
@@ -512,7 +509,29 @@ mod imp {
             self.comm.all_gather_into(&mine[..], &mut every[..]);
             let every: Vec<Vec<usize>> =
                 every.chunks(mine.len()).map(|c| c.iter().map(|&x| x as usize).collect()).collect();
-            checks::all_to_all_pairs(&every, |r| self.members[r])
+            checks::all_to_all_pairs(&every, |r| self.members[r]).map(|()| watch)
+        }
+
+        /// Arms the watch over MPI's calls for call `fp` (with `peer`, a send or receive); the
+        /// report names the members on other hosts (else every other member), by world rank.
+        fn watched(&self, fp: &Fingerprint, peer: Option<usize>) -> Guard<'_> {
+            let me = self.world_rank;
+            let others: Vec<usize> = match peer {
+                Some(p) => vec![self.members[p]],
+                None => {
+                    let away: Vec<usize> =
+                        self.members.iter().copied().filter(|&m| self.hosts[m] != self.hosts[me]).collect();
+                    if away.is_empty() {
+                        self.members.iter().copied().filter(|&m| m != me).collect()
+                    } else {
+                        away
+                    }
+                }
+            };
+            let what = format!(
+                "nx: rank {me} failed: nx collective timeout: {fp} on rank {me} waited {{waited}} s for ranks {others:?} inside MPI's calls, which did not answer (a host or its link is gone)"
+            );
+            self.watch.arm(self.opts.timeout, what)
         }
 
         /// Runs `f` with `n` elements of `T` of this communicator's reused scratch memory (their
@@ -611,7 +630,7 @@ mod imp {
             }
             if !checked {
                 // the shape check meets every rank, as the barrier would
-                self.agree_shape(&fp, None)?;
+                let _watch = self.agree_shape(&fp, None)?;
             }
             Ok(())
         }
@@ -626,7 +645,7 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.broadcast(buf, root);
             }
-            self.agree_shape(&fp, None)?;
+            let _watch = self.agree_shape(&fp, None)?;
             if !buf.is_empty() {
                 self.comm.process_at_rank(root as i32).broadcast_into(bytes_mut(buf));
             }
@@ -643,10 +662,15 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.all_reduce(send, recv, op);
             }
-            self.agree_shape(&fp, None)?;
+            let _watch = self.agree_shape(&fp, None)?;
             let (n, len) = (self.size(), send.len());
             let counts: Vec<usize> = (0..n).map(|j| (j + 1) * len / n - j * len / n).collect();
             let mine = counts[self.rank()];
+            if let Some(t) = &self.tiers {
+                let mut chunk = vec![T::default(); mine];
+                t.reduce_scatter_v(send, &mut chunk, &counts, op)?;
+                return t.all_gather_v(&chunk, recv, &counts);
+            }
             let c = byte_counts::<T>(counts.iter().copied(), "nx_collectives::all_reduce")?;
             let d = displs(&c);
             // this rank's chunk of the sum, reduced into scratch memory and gathered from there
@@ -676,7 +700,10 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.reduce_scatter_v(send, recv, counts, op);
             }
-            self.agree_shape(&fp, None)?;
+            let _watch = self.agree_shape(&fp, None)?;
+            if let Some(t) = &self.tiers {
+                return t.reduce_scatter_v(send, recv, counts, op);
+            }
             let n = self.size();
             self.with_scratch::<T, _>(recv.len() * n, |blocks| self.exchange_and_reduce(send, counts, blocks, recv, op))
         }
@@ -696,7 +723,10 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.all_gather_v(send, recv, counts);
             }
-            self.agree_shape(&fp, None)?;
+            let _watch = self.agree_shape(&fp, None)?;
+            if let Some(t) = &self.tiers {
+                return t.all_gather_v(send, recv, counts);
+            }
             let c = byte_counts::<T>(counts.iter().copied(), "nx_collectives::all_gather_v")?;
             let d = displs(&c);
             let mut part = PartitionMut::new(bytes_mut(recv), &c[..], &d[..]);
@@ -724,7 +754,7 @@ mod imp {
             if let Some(shm) = self.shm() {
                 return shm.all_to_all_v(send, send_counts, recv, recv_counts);
             }
-            self.agree_shape(&fp, Some((send_counts, recv_counts)))?;
+            let _watch = self.agree_shape(&fp, Some((send_counts, recv_counts)))?;
             let sc = byte_counts::<T>(send_counts.iter().copied(), "nx_collectives::all_to_all_v")?;
             let rc = byte_counts::<T>(recv_counts.iter().copied(), "nx_collectives::all_to_all_v")?;
             let (sd, rd) = (displs(&sc), displs(&rc));
@@ -741,6 +771,7 @@ mod imp {
             let peers = vec![self.world_rank, self.members[to]];
             self.note(Op::Send, None, Some(T::DTYPE), (size_of_val(buf) as u64, 0), Some(peers));
             self.pair(&fp, to)?;
+            let _watch = self.watched(&fp, Some(to));
             self.comm.process_at_rank(to as i32).send_with_tag(bytes(buf), DATA_TAG);
             Ok(())
         }
@@ -752,6 +783,7 @@ mod imp {
             let peers = vec![self.world_rank, self.members[from]];
             self.note(Op::Recv, None, Some(T::DTYPE), (0, size_of_val(buf) as u64), Some(peers));
             self.pair(&fp, from)?;
+            let _watch = self.watched(&fp, Some(from));
             self.comm.process_at_rank(from as i32).receive_into_with_tag(bytes_mut(buf), DATA_TAG);
             Ok(())
         }
@@ -761,6 +793,7 @@ mod imp {
             let fp = self.fingerprint("split", None, Vec::new());
             self.note(Op::Split, None, None, (0, 0), None);
             self.agree(&fp, &[], None)?;
+            let _watch = self.watched(&fp, None);
             let c = match color {
                 Some(c) => Color::with_value(c as i32),
                 None => Color::undefined(),
@@ -771,11 +804,15 @@ mod imp {
             comm.all_gather_into(&(self.world_rank as u64), &mut members[..]);
             let members: Rc<[usize]> = members.into_iter().map(|m| m as usize).collect();
             let shm = self.shm.as_ref().map(|parent| Shm::new(parent.node(), members.to_vec(), self.opts.timeout));
+            let of_members: Vec<usize> = members.iter().map(|&m| self.hosts[m]).collect();
+            let tiers = hierarchical(&comm, &of_members);
             Ok(Some(MpiComm {
                 comm,
                 world_rank: self.world_rank,
                 members,
                 hosts: self.hosts.clone(),
+                tiers,
+                watch: self.watch.clone(),
                 seq: Cell::new(0),
                 opts: self.opts,
                 scratch: RefCell::new(None),
@@ -801,12 +838,14 @@ mod imp {
         /// How this communicator's collectives move data: `"cross-memory attach"` (one kernel copy
         /// between the ranks' buffers, where the kernel lets every rank read every peer),
         /// `"shared window"` (through the window's halves: otherwise, or `NX_MPI_CMA=0`), or
-        /// `"MPI calls"`.
+        /// `"MPI calls within and across hosts"` (the hierarchical path, where the members lie
+        /// on several hosts, as many on each), or `"MPI calls"`.
         pub fn data_path(&self) -> &'static str {
-            match &self.shm {
-                Some(s) if s.node().is_direct() => "cross-memory attach",
-                Some(_) => "shared window",
-                None => "MPI calls",
+            match (&self.shm, &self.tiers) {
+                (Some(s), _) if s.node().is_direct() => "cross-memory attach",
+                (Some(_), _) => "shared window",
+                (None, Some(_)) => "MPI calls within and across hosts",
+                (None, None) => "MPI calls",
             }
         }
 

@@ -10,7 +10,8 @@
 //! compare with the simulated backend's), `lengths` (unchecked: the last rank
 //! gives every collective and a receive other lengths or counts; each rank prints what each call
 //! answered and whether the guards around its buffers are intact, then shows the communicator
-//! still works).
+//! still works), `forever` (unchecked all-reduces of 4 MiB until stopped, a 3 s timeout: a peer
+//! lost in the middle is met inside MPI's calls, where the watchdog ends the wait).
 //! `NX_MPI_SHM=0` keeps every collective on MPI's own calls; `NX_MPI_CMA=0` moves the shared
 //! path's data through the window's halves (else by cross-memory attach, where the kernel allows).
 
@@ -25,8 +26,9 @@ pub const CASES: usize = 24;
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "conformance".into());
     let skip = mode.starts_with("skip");
-    let unchecked = mode == "skip-unchecked" || mode == "lengths";
-    let opts = MpiOptions { checked: !unchecked, timeout: Duration::from_secs(if skip { 3 } else { 60 }) };
+    let unchecked = mode == "skip-unchecked" || mode == "lengths" || mode == "forever";
+    let secs = if skip || mode == "forever" { 3 } else { 60 };
+    let opts = MpiOptions { checked: !unchecked, timeout: Duration::from_secs(secs) };
     let out = mpi::run(opts, |c| -> nx_collectives::Result<()> {
         match mode.as_str() {
             "conformance" => {
@@ -82,6 +84,18 @@ fn main() {
                     func: "nx-mpi-check",
                     why: format!("cannot write {}: {e}", path.display()),
                 })?;
+            }
+            "forever" => {
+                // all-reduces of 4 MiB until stopped, unchecked: a lost peer is met inside
+                // MPI's calls, where only the watchdog ends the wait
+                let send = vec![1f32; 1 << 20];
+                let mut out = vec![0f32; 1 << 20];
+                for k in 0u64.. {
+                    c.all_reduce(&send, &mut out, ReduceOp::Sum)?;
+                    if k == 0 && c.rank() == 0 {
+                        println!("all-reducing on {} ranks", c.size());
+                    }
+                }
             }
             other => panic!("unknown mode {other:?}"),
         }
