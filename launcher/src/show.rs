@@ -45,6 +45,27 @@ pub struct PlanArgs {
     /// Print JSON instead of words.
     #[arg(long)]
     json: bool,
+    /// Lay the devices over hosts, this many a host in device order (`2,2`): bytes by kind of
+    /// link and the predicted time from each kind's bandwidth.
+    #[arg(long, value_parser = parse_hosts)]
+    hosts: Option<Hosts>,
+    /// Gbit/s a device moves to devices of its host (with --hosts).
+    #[arg(long, default_value_t = 80.0)]
+    within_gbps: f64,
+    /// Gbit/s a host's link carries each way, shared by its devices (with --hosts).
+    #[arg(long, default_value_t = 10.0)]
+    across_gbps: f64,
+}
+
+#[derive(Debug, Clone)]
+struct Hosts(Vec<usize>);
+
+fn parse_hosts(text: &str) -> Result<Hosts, String> {
+    text.split(',')
+        .map(|k| k.trim().parse::<usize>().ok().filter(|&k| k > 0))
+        .collect::<Option<Vec<usize>>>()
+        .map(Hosts)
+        .ok_or_else(|| format!("{text:?} is not a list of devices a host, as 2,2"))
 }
 
 #[derive(Debug, Clone)]
@@ -223,6 +244,11 @@ struct PlanJson {
     steps: Vec<StepJson>,
     bytes_sent: Vec<u64>,
     bytes_received: Vec<u64>,
+    /// With --hosts: each step's bytes by link kind, and the predicted seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    links: Option<Vec<nx::placement::LinkBytes>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    predicted_seconds: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -245,10 +271,40 @@ pub fn plan(a: &PlanArgs) -> Result<String, Error> {
         )
         .into());
     }
+    let topology = match &a.hosts {
+        Some(Hosts(per)) => {
+            if per.iter().sum::<usize>() != a.mesh.size() {
+                return Err(format!(
+                    "nx plan: --hosts {per:?} lays out {} devices, the mesh {} has {}",
+                    per.iter().sum::<usize>(),
+                    a.mesh,
+                    a.mesh.size()
+                )
+                .into());
+            }
+            for (what, g) in [("--within-gbps", a.within_gbps), ("--across-gbps", a.across_gbps)] {
+                if !(g.is_finite() && g > 0.0) {
+                    return Err(format!("nx plan: {what} {g} is not a bandwidth above 0").into());
+                }
+            }
+            Some(nx::placement::Topology {
+                hosts: per.iter().enumerate().flat_map(|(h, &k)| std::iter::repeat_n(h, k)).collect(),
+                within_bytes_per_second: a.within_gbps * 1e9 / 8.0,
+                across_bytes_per_second: a.across_gbps * 1e9 / 8.0,
+                step_latency_seconds: nx::placement::CostModel::default().step_latency_seconds,
+            })
+        }
+        None => None,
+    };
     over_sims(&a.mesh, |mesh| {
         let from = a.from.over(&mesh)?;
         let to = a.to.over(&mesh)?;
         let plan = nx::plan(&from, &to, &a.shape.0, a.dtype)?;
+        // the plan's devices are the mesh's, in order (one set)
+        let links = match &topology {
+            Some(t) => Some((plan.link_bytes(&t.hosts)?, plan.predicted_seconds_on(t)?)),
+            None => None,
+        };
         if a.json {
             let j = PlanJson {
                 from: from.to_string(),
@@ -265,9 +321,36 @@ pub fn plan(a: &PlanArgs) -> Result<String, Error> {
                     .collect(),
                 bytes_sent: plan.bytes_sent(),
                 bytes_received: plan.bytes_received(),
+                predicted_seconds: links.as_ref().map(|l| l.1),
+                links: links.map(|l| l.0),
             };
             return Ok(serde_json::to_string(&j)?);
         }
-        Ok(plan.to_string())
+        let mut text = plan.to_string();
+        if let (Some((links, secs)), Some(t)) = (links, &topology) {
+            let hosts = t.hosts.iter().max().map_or(0, |h| h + 1);
+            text.push_str(&format!(
+                "\n\nover {hosts} hosts ({}), bytes each device sends within its host / across hosts:",
+                a.hosts.as_ref().map_or(String::new(), |h| format!("{:?} devices a host", h.0))
+            ));
+            for (k, (step, lb)) in plan.steps.iter().zip(&links).enumerate() {
+                let cells: Vec<String> = lb
+                    .within_sent
+                    .iter()
+                    .zip(&lb.across_sent)
+                    .map(|(w, x)| {
+                        format!("{} / {}", nx::placement::plan::human_bytes(*w), nx::placement::plan::human_bytes(*x))
+                    })
+                    .collect();
+                text.push_str(&format!("\n  step {} {}: {}", k + 1, step.op.name(), cells.join(", ")));
+            }
+            text.push_str(&format!(
+                "\npredicted: {:.3} ms ({} Gbit/s within a host, {} Gbit/s a host's link)",
+                secs * 1e3,
+                a.within_gbps,
+                a.across_gbps
+            ));
+        }
+        Ok(text)
     })
 }

@@ -79,6 +79,23 @@ fn plan_json_lists_steps_and_totals() {
 }
 
 #[test]
+fn plan_over_hosts_gives_bytes_by_link_and_a_predicted_time() {
+    // 64 MiB all-reduced over 2 hosts of 2 at 1 Gbit/s: 32 MiB across a device, S/rate in all
+    let args = ["plan", "--mesh", "x=4", "--shape", "4096,4096", "--from", "partial(x)", "--to", "on"];
+    let o = nx(&[&args[..], &["--hosts", "2,2", "--across-gbps", "1", "--json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["links"][0]["across_sent"], serde_json::json!(vec![32u64 << 20; 4]));
+    let secs = v["predicted_seconds"].as_f64().unwrap();
+    let want = (64u64 << 20) as f64 / 1.25e8;
+    assert!((secs - want).abs() / want < 1e-3, "{secs} vs {want}");
+    let words = stdout(&nx(&[&args[..], &["--hosts", "3,1"]].concat()));
+    assert!(words.contains("over 2 hosts ([3, 1] devices a host)") && words.contains("predicted:"), "{words}");
+    let bad = nx(&[&args[..], &["--hosts", "2,1"]].concat());
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("lays out 3 devices, the mesh x=4 has 4"));
+}
+
+#[test]
 fn bad_input_is_one_clear_line_and_a_failure() {
     for (args, needle) in [
         (vec!["show", "--mesh", "dp=2", "--placement", "mesh(0:pp)", "--shape", "4"], "has no axis \"pp\""),

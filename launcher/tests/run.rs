@@ -297,9 +297,13 @@ fn the_store_under_64_clients_loses_nothing_and_refuses_strangers() {
 
 #[test]
 fn bad_invocations_are_one_clear_line() {
-    let o = Command::new(NX).args(["run", "--direct", "--hosts", "a:2", "-n", "2", "--", HELPER]).output().unwrap();
+    // direct ranks on hosts: more ranks than slots, or slots that are no number
+    let o = Command::new(NX).args(["run", "--direct", "--hosts", "a:2", "-n", "3", "--", HELPER]).output().unwrap();
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--hosts needs --mpi"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("-n 3 is more than the 2 slots of --hosts"));
+    let o = Command::new(NX).args(["run", "--direct", "--hosts", "a:x", "-n", "1", "--", HELPER]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("\"a:x\": the slots must be a positive number"));
     let o = Command::new(NX).args(["run", "--direct", "-n", "1", "--", "/nonexistent/program"]).output().unwrap();
     assert_eq!(o.status.code(), Some(127));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot start rank 0"));

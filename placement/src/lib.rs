@@ -15,11 +15,13 @@ pub mod plan;
 pub mod region;
 pub mod rules;
 mod spec;
+pub mod topology;
 
 pub use placement::Placement;
 pub use plan::{plan, CostModel, Op, Plan, Step, Transfer};
 pub use region::Window;
 pub use spec::PlacementSpec;
+pub use topology::{LinkBytes, Topology};
 
 pub use nx_mesh::{Device, DeviceKind, Devices, Equal, Mesh, MeshSpec, MAX_RANK};
 
