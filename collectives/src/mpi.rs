@@ -8,11 +8,19 @@
 //! double-buffered halves of the window. See the `shm` module's notes. `NX_MPI_SHM=0` (the same on
 //! every rank) keeps every collective on MPI's own calls; `NX_MPI_CMA=0` keeps to the halves. The
 //! window is freed when `run`'s body has returned on every rank; a failing run aborts without
-//! waiting for it. Ranks spread over several hosts use MPI's
-//! calls (a hierarchical path, shared memory within each host, is not built yet).
+//! waiting for it.
+//!
+//! **Ranks on several hosts** use MPI's calls. A communicator whose members lie on at least two
+//! hosts, as many (at least two) on each, takes the hierarchical path (the `mpi_tiers` module:
+//! within each host, then across); `NX_MPI_HIER=0` (the same on every rank) keeps the flat
+//! exchange below. Both, and every other backend, reduce across hosts in one association: each
+//! host's terms in rank order, rounded to the dtype, then the host results in host order
+//! ([`crate::Communicator::hosts`]). A watchdog (`mpi_watch`) bounds every blocking MPI call by
+//! the timeout: a peer lost inside one is reported as a timeout naming the other hosts' ranks,
+//! and the rank aborts, never hangs.
 //!
 //! **Otherwise** MPI moves bytes and nx reduces them. A reduce-scatter is an `MPI_Alltoallv` of the
-//! blocks followed by a local sum in rank (term) order, an all-reduce that reduce-scatter then an
+//! blocks followed by a local sum in rank (term) order (per host first, across hosts), an all-reduce that reduce-scatter then an
 //! `MPI_Allgatherv` of the chunks — the same bits as the simulated backend, for the same bytes as
 //! MPI's ring (2·S·(n−1)/n a rank), never `MPI_Allreduce`'s unspecified order. (One
 //! `MPI_Allgather` of the whole inputs and a local sum of all of them measured 1.2–4× slower on

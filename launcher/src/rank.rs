@@ -3,7 +3,8 @@
 //! program nx's (`NX_RANK`, `NX_WORLD_SIZE`, `NX_LOCAL_RANK`, `NX_LOCAL_WORLD_SIZE`), streams its
 //! output line by line to `nx run`'s store, which prints each line whole (mpirun's own forwarding
 //! cuts long lines and interleaves ranks within them; without a store, the lines go to this
-//! wrapper's own output, tagged `[R] ` with `--tag-output`), records in the store where it
+//! wrapper's own output, tagged `[R] `, or `[R@HOST] ` where the ranks span hosts, with
+//! `--tag-output`), records in the store where it
 //! runs ([`Started`]) and how it ended ([`Ended`]: status or signal, the panic, the last lines of
 //! stderr, the last collective named, and its place in the order ranks ended), and ends as the
 //! program did — the same status, or killed by the same signal — so that mpirun sees what it

@@ -12,6 +12,12 @@
 //! collective it named; `nx run` exits with that rank's status (128 + the signal for a signal;
 //! 124 for a timeout). Ctrl-C or SIGTERM to `nx run` reaches every rank the same way. Every
 //! process the run started is killed before `nx run` returns, so none outlives it.
+//!
+//! **Hosts.** `--hosts a:2,b:2` goes to mpirun's `--host`; direct ranks fill the hosts in order
+//! by slot and start through the agent (`AGENT HOST 'exec' 'env' 'NX_RANK=…' … PROGRAM …`), which
+//! must pass signals on. The store listens where the hosts reach it, `NX_*` settings of this
+//! environment reach every rank, and ranks that vanish with no record (their wrappers killed with
+//! them: a host's processes, or the host) are reported by host.
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
