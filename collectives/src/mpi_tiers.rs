@@ -12,7 +12,10 @@
 //! flat path's and the simulated backend's laid out alike.
 //!
 //! The bytes move by MPI's own calls on two sub-communicators (within a host Open MPI's
-//! shared-memory transport carries them); nx reduces them, in the documented order.
+//! shared-memory transport carries them); nx reduces them, in the documented order. A large
+//! reduce-scatter goes in pieces of 2 MiB a rank (at most 16): the exchange across hosts of one
+//! piece (`MPI_Ialltoallv`) runs while the next piece is reduced within the host; an all-gather
+//! likewise gathers one piece within the host while the next crosses (`MPI_Iallgatherv`).
 
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
@@ -75,23 +78,60 @@ impl Tiers {
         counts: &[usize],
         op: ReduceOp,
     ) -> Result<()> {
+        const FUNC: &str = "nx_collectives::mpi::reduce_scatter";
         let (hosts, per) = (self.at.len(), self.at[0].len());
+        // every byte count fits MPI's range (then every piece's does)
+        byte_counts::<T>([send.len()], FUNC)?;
         let off = displs(counts);
-        // the blocks regrouped by local rank, then host: local rank l' keeps every host's l'-th
-        let mut regrouped = Vec::with_capacity(send.len());
-        let mut local_counts = vec![0usize; per];
-        for (lp, c) in local_counts.iter_mut().enumerate() {
-            for h in 0..hosts {
-                let q = self.at[h][lp];
-                regrouped.extend_from_slice(&send[off[q]..off[q] + counts[q]]);
-                *c += counts[q];
+        // in pieces, the across-host exchange of one overlapping the within-host one of the next
+        let pieces = (std::mem::size_of_val(send) / PIECE).clamp(1, MAX_PIECES);
+        let cut = |q: usize, p: usize| off[q] + counts[q] * p / pieces;
+        let len = |q: usize, p: usize| cut(q, p + 1) - cut(q, p);
+        let me = self.at[self.h][self.l];
+        let mut inflight: Option<(Exchange<T>, usize)> = None;
+        let mut result = Ok(());
+        for p in 0..pieces {
+            // within the host: local rank l' keeps piece p of every host's l'-th member's block
+            let mut regrouped = Vec::new();
+            let mut local_counts = vec![0usize; per];
+            for (lp, c) in local_counts.iter_mut().enumerate() {
+                for h in 0..hosts {
+                    let q = self.at[h][lp];
+                    regrouped.extend_from_slice(&send[cut(q, p)..cut(q, p + 1)]);
+                    *c += len(q, p);
+                }
             }
+            let mut part = vec![T::default(); local_counts[self.l]];
+            let local = exchange_reduce(&self.local, &regrouped, &local_counts, &mut part, op);
+            if let Some((x, pp)) = inflight.take() {
+                self.close(x, &|q| len(q, pp), &mut recv[cut(me, pp) - off[me]..cut(me, pp + 1) - off[me]], op);
+            }
+            if let Err(e) = local {
+                result = Err(e);
+                break;
+            }
+            // across the hosts: host h's piece to its member of this local rank
+            let cross_counts: Vec<usize> = (0..hosts).map(|h| len(self.at[h][self.l], p)).collect();
+            inflight = Some((Exchange::start(&self.cross, part, &cross_counts, len(me, p))?, p));
         }
-        let mut part = vec![T::default(); local_counts[self.l]];
-        exchange_reduce(&self.local, &regrouped, &local_counts, &mut part, op)?;
-        drop(regrouped);
-        let cross_counts: Vec<usize> = (0..hosts).map(|h| counts[self.at[h][self.l]]).collect();
-        exchange_reduce(&self.cross, &part, &cross_counts, recv, op)
+        if let Some((x, pp)) = inflight.take() {
+            self.close(x, &|q| len(q, pp), &mut recv[cut(me, pp) - off[me]..cut(me, pp + 1) - off[me]], op);
+        }
+        result
+    }
+
+    /// Waits for a piece's exchange across the hosts and reduces its blocks, in host order, into
+    /// `out` (this rank's part of the piece; `len(q)`: member q's part of it).
+    fn close<T: Reducible>(&self, x: Exchange<T>, len: &dyn Fn(usize) -> usize, out: &mut [T], op: ReduceOp) {
+        let (part, blocks) = x.finish();
+        let mine = out.len();
+        let at_host: Vec<usize> = displs(&(0..self.at.len()).map(|h| len(self.at[h][self.l])).collect::<Vec<_>>());
+        let terms: Vec<&[T]> = (0..self.at.len())
+            .map(|h| if h == self.h { &part[at_host[h]..at_host[h] + mine] } else { &blocks[h * mine..(h + 1) * mine] })
+            .collect();
+        if mine > 0 {
+            reduce_into(op, &terms, out);
+        }
     }
 
     /// `recv` = every member's `send` (of `counts`, by communicator rank) in rank order —
@@ -102,25 +142,169 @@ impl Tiers {
     pub(crate) fn all_gather_v<T: Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
         const FUNC: &str = "nx_collectives::mpi::all_gather_v";
         let (hosts, per) = (self.at.len(), self.at[0].len());
-        // across the hosts: this local rank's blocks of every host, in host order
-        let cross_counts: Vec<usize> = (0..hosts).map(|h| counts[self.at[h][self.l]]).collect();
-        let mut mine = vec![T::default(); cross_counts.iter().sum()];
-        gather(&self.cross, send, &mut mine, &cross_counts, FUNC)?;
-        // within the host: every local rank's, in local order
-        let local_counts: Vec<usize> = (0..per).map(|lp| (0..hosts).map(|h| counts[self.at[h][lp]]).sum()).collect();
-        let mut all = vec![T::default(); local_counts.iter().sum()];
-        gather(&self.local, &mine, &mut all, &local_counts, FUNC)?;
-        // into rank order
+        byte_counts::<T>([recv.len()], FUNC)?;
         let off = displs(counts);
-        let mut at = 0;
-        for lp in 0..per {
-            for h in 0..hosts {
-                let q = self.at[h][lp];
-                recv[off[q]..off[q] + counts[q]].copy_from_slice(&all[at..at + counts[q]]);
-                at += counts[q];
+        // in pieces, the within-host gather of one overlapping the across-host one of the next
+        let pieces = (std::mem::size_of_val(recv) / (PIECE * per * hosts)).clamp(1, MAX_PIECES);
+        let cut = |q: usize, p: usize| counts[q] * p / pieces;
+        let len = |q: usize, p: usize| cut(q, p + 1) - cut(q, p);
+        let me = self.at[self.h][self.l];
+        // within the host, piece p of every local rank's blocks, then into rank order
+        let within = |x: Exchange<T>, p: usize, recv: &mut [T]| -> Result<()> {
+            let (_, mine) = x.finish();
+            let local_counts: Vec<usize> =
+                (0..per).map(|lp| (0..hosts).map(|h| len(self.at[h][lp], p)).sum()).collect();
+            let mut all = vec![T::default(); local_counts.iter().sum()];
+            gather(&self.local, &mine, &mut all, &local_counts, FUNC)?;
+            let mut at = 0;
+            for lp in 0..per {
+                for h in 0..hosts {
+                    let q = self.at[h][lp];
+                    let n = len(q, p);
+                    recv[off[q] + cut(q, p)..off[q] + cut(q, p) + n].copy_from_slice(&all[at..at + n]);
+                    at += n;
+                }
+            }
+            Ok(())
+        };
+        let mut inflight: Option<(Exchange<T>, usize)> = None;
+        for p in 0..pieces {
+            // across the hosts: this local rank's piece p of every host's block
+            let cross_counts: Vec<usize> = (0..hosts).map(|h| len(self.at[h][self.l], p)).collect();
+            let piece = send[cut(me, p)..cut(me, p + 1)].to_vec();
+            let x = Exchange::gather(&self.cross, piece, &cross_counts)?;
+            if let Some((prev, pp)) = inflight.replace((x, p)) {
+                within(prev, pp, recv)?;
             }
         }
-        Ok(())
+        match inflight {
+            Some((last, p)) => within(last, p, recv),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Bytes of input a rank sends in one piece of a pipelined reduce-scatter (at least one piece,
+/// at most [`MAX_PIECES`]).
+const PIECE: usize = 2 << 20;
+/// The most pieces a reduce-scatter is cut into.
+const MAX_PIECES: usize = 16;
+
+/// An `MPI_Ialltoallv` of blocks (each member's block of `send` to that member, this rank's own
+/// kept out) or an `MPI_Iallgatherv` in flight, owning its buffers (their memory does not move
+/// while it runs; dropping it waits for it).
+struct Exchange<T> {
+    req: mpi::ffi::MPI_Request,
+    done: bool,
+    send: Vec<T>,
+    recv: Vec<T>,
+    /// Send and receive counts and displacements, in bytes (read by MPI until the end).
+    counts: [Vec<Count>; 4],
+}
+
+impl<T: Reducible> Exchange<T> {
+    /// Starts sending block j of `send` (`counts[j]` elements) to member j and receiving `mine`
+    /// elements from every other member, into block j of the receive buffer.
+    ///
+    /// # Errors
+    /// Where a count exceeds MPI's range.
+    fn start(comm: &SimpleCommunicator, send: Vec<T>, counts: &[usize], mine: usize) -> Result<Exchange<T>> {
+        use mpi::raw::AsRaw as _;
+        const FUNC: &str = "nx_collectives::mpi::reduce_scatter";
+        let (n, me) = (comm.size() as usize, comm.rank() as usize);
+        let own = |q: usize, c: usize| if q == me { 0 } else { c };
+        let sc = byte_counts::<T>(counts.iter().enumerate().map(|(q, &c)| own(q, c)), FUNC)?;
+        let sd = displs(&byte_counts::<T>(counts.iter().copied(), FUNC)?);
+        let rc = byte_counts::<T>((0..n).map(|q| own(q, mine)), FUNC)?;
+        let rd = displs(&byte_counts::<T>(std::iter::repeat_n(mine, n), FUNC)?);
+        let mut x = Exchange {
+            // SAFETY: a plain handle, written by MPI_Ialltoallv below before any use.
+            req: unsafe { mpi::ffi::RSMPI_REQUEST_NULL },
+            done: false,
+            send,
+            recv: vec![T::default(); mine * n],
+            counts: [sc, sd, rc, rd],
+        };
+        let [sc, sd, rc, rd] = &x.counts;
+        // SAFETY: the buffers and counts are owned by `x`, whose heap memory stays put until the
+        // request completes (`finish` or `drop` waits for it); the counts stay within the
+        // buffers (blocks of `counts` in `send`, `mine` a member in `recv`); bytes of plain data.
+        unsafe {
+            mpi::ffi::MPI_Ialltoallv(
+                x.send.as_ptr().cast(),
+                sc.as_ptr(),
+                sd.as_ptr(),
+                mpi::ffi::RSMPI_UINT8_T,
+                x.recv.as_mut_ptr().cast(),
+                rc.as_ptr(),
+                rd.as_ptr(),
+                mpi::ffi::RSMPI_UINT8_T,
+                comm.as_raw(),
+                &mut x.req,
+            );
+        }
+        Ok(x)
+    }
+
+    /// Starts gathering every member's `send` (`counts[j]` elements from member j) into one
+    /// buffer, in member order.
+    ///
+    /// # Errors
+    /// Where a count exceeds MPI's range.
+    fn gather(comm: &SimpleCommunicator, send: Vec<T>, counts: &[usize]) -> Result<Exchange<T>> {
+        use mpi::raw::AsRaw as _;
+        const FUNC: &str = "nx_collectives::mpi::all_gather_v";
+        let sc = byte_counts::<T>([send.len()], FUNC)?;
+        let rc = byte_counts::<T>(counts.iter().copied(), FUNC)?;
+        let rd = displs(&rc);
+        let mut x = Exchange {
+            // SAFETY: a plain handle, written by MPI_Iallgatherv below before any use.
+            req: unsafe { mpi::ffi::RSMPI_REQUEST_NULL },
+            done: false,
+            send,
+            recv: vec![T::default(); counts.iter().sum()],
+            counts: [sc, Vec::new(), rc, rd],
+        };
+        let [sc, _, rc, rd] = &x.counts;
+        // SAFETY: as in `start`: owned buffers and counts that stay put until the request
+        // completes; the counts stay within the buffers.
+        unsafe {
+            mpi::ffi::MPI_Iallgatherv(
+                x.send.as_ptr().cast(),
+                sc[0],
+                mpi::ffi::RSMPI_UINT8_T,
+                x.recv.as_mut_ptr().cast(),
+                rc.as_ptr(),
+                rd.as_ptr(),
+                mpi::ffi::RSMPI_UINT8_T,
+                comm.as_raw(),
+                &mut x.req,
+            );
+        }
+        Ok(x)
+    }
+
+    /// Waits for the exchange; answers the send buffer and what arrived (block j from member j).
+    fn finish(mut self) -> (Vec<T>, Vec<T>) {
+        self.wait();
+        (std::mem::take(&mut self.send), std::mem::take(&mut self.recv))
+    }
+
+    fn wait(&mut self) {
+        if !self.done {
+            // SAFETY: a request started by `start` and not yet waited for.
+            unsafe { mpi::ffi::MPI_Wait(&mut self.req, mpi::ffi::RSMPI_STATUS_IGNORE) };
+            self.done = true;
+        }
+    }
+}
+
+impl<T> Drop for Exchange<T> {
+    fn drop(&mut self) {
+        if !self.done {
+            // SAFETY: as `wait`: the buffers are freed only after the request completes.
+            unsafe { mpi::ffi::MPI_Wait(&mut self.req, mpi::ffi::RSMPI_STATUS_IGNORE) };
+        }
     }
 }
 
