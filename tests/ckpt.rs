@@ -217,6 +217,30 @@ fn corrupted_and_truncated_files_are_errors_naming_them() {
 }
 
 #[test]
+fn overlapping_boxes_in_an_index_are_refused() {
+    // the second box of `w` (rows 3..5) moved up to rows 2..4: its elements still number the
+    // window's, but row 2 is stored twice and row 4 nowhere
+    let dir = scratch("overlap");
+    save_small(&dir, 1, 0);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let path = ck.dir().join("index.json");
+    let mut index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let w = index["tensors"].as_array_mut().unwrap().iter_mut().find(|t| t["name"] == "w").unwrap();
+    let boxes = w["boxes"].as_array_mut().unwrap();
+    let second = boxes.iter_mut().find(|b| b["start"][0] == 3).unwrap();
+    second["start"][0] = serde_json::json!(2);
+    std::fs::write(&path, serde_json::to_string(&index).unwrap()).unwrap();
+    let e = launch_with(&opts(1), |ctx| {
+        let on = nx::Placement::on(ctx.devices());
+        Ok(Checkpoint::open(&dir)?.load::<i64>(ctx, "w", &on).map(|_| ()).unwrap_err().to_string())
+    })
+    .unwrap()
+    .remove(0);
+    assert!(e.contains("w: the stored boxes") && e.contains("overlap"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn an_uncommitted_save_leaves_the_previous_checkpoint() {
     let dir = scratch("atomic");
     save_small(&dir, 1, 0);

@@ -15,9 +15,10 @@
 //! within each host, then across); `NX_MPI_HIER=0` (the same on every rank) keeps the flat
 //! exchange below. Both, and every other backend, reduce across hosts in one association: each
 //! host's terms in rank order, rounded to the dtype, then the host results in host order
-//! ([`crate::Communicator::hosts`]). A watchdog (`mpi_watch`) bounds every blocking MPI call by
-//! the timeout: a peer lost inside one is reported as a timeout naming the other hosts' ranks,
-//! and the rank aborts, never hangs.
+//! ([`crate::Communicator::hosts`]). A watchdog (`mpi_watch`) bounds the time each collective
+//! spends inside MPI's calls after its fingerprints met (one deadline a collective, its data
+//! included): a peer lost there is reported as a timeout naming the other hosts' ranks, and the
+//! rank aborts, never hangs.
 //!
 //! **Otherwise** MPI moves bytes and nx reduces them. A reduce-scatter is an `MPI_Alltoallv` of the
 //! blocks followed by a local sum in rank (term) order (per host first, across hosts), an all-reduce that reduce-scatter then an

@@ -13,9 +13,11 @@
 //!
 //! The bytes move by MPI's own calls on two sub-communicators (within a host Open MPI's
 //! shared-memory transport carries them); nx reduces them, in the documented order. A large
-//! reduce-scatter goes in pieces of 2 MiB a rank (at most 16): the exchange across hosts of one
+//! reduce-scatter goes in pieces (one for each 2 MiB of a rank's input, at most 16; each member's
+//! block cut alike): the exchange across hosts of one
 //! piece (`MPI_Ialltoallv`) runs while the next piece is reduced within the host; an all-gather
-//! likewise gathers one piece within the host while the next crosses (`MPI_Iallgatherv`).
+//! likewise, in pieces of about 2 MiB of each member's block, gathers one piece within the host
+//! while the next crosses (`MPI_Iallgatherv`).
 
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
@@ -229,7 +231,7 @@ impl<T: Reducible> Exchange<T> {
         // SAFETY: the buffers and counts are owned by `x`, whose heap memory stays put until the
         // request completes (`finish` or `drop` waits for it); the counts stay within the
         // buffers (blocks of `counts` in `send`, `mine` a member in `recv`); bytes of plain data.
-        unsafe {
+        let rc = unsafe {
             mpi::ffi::MPI_Ialltoallv(
                 x.send.as_ptr().cast(),
                 sc.as_ptr(),
@@ -241,9 +243,9 @@ impl<T: Reducible> Exchange<T> {
                 mpi::ffi::RSMPI_UINT8_T,
                 comm.as_raw(),
                 &mut x.req,
-            );
-        }
-        Ok(x)
+            )
+        };
+        x.started(rc, FUNC)
     }
 
     /// Starts gathering every member's `send` (`counts[j]` elements from member j) into one
@@ -268,7 +270,7 @@ impl<T: Reducible> Exchange<T> {
         let [sc, _, rc, rd] = &x.counts;
         // SAFETY: as in `start`: owned buffers and counts that stay put until the request
         // completes; the counts stay within the buffers.
-        unsafe {
+        let rc = unsafe {
             mpi::ffi::MPI_Iallgatherv(
                 x.send.as_ptr().cast(),
                 sc[0],
@@ -279,9 +281,18 @@ impl<T: Reducible> Exchange<T> {
                 mpi::ffi::RSMPI_UINT8_T,
                 comm.as_raw(),
                 &mut x.req,
-            );
+            )
+        };
+        x.started(rc, FUNC)
+    }
+
+    /// `self` where MPI started it (`rc`), else an error naming `func` (nothing in flight).
+    fn started(mut self, rc: std::os::raw::c_int, func: &'static str) -> Result<Exchange<T>> {
+        if rc == mpi::ffi::MPI_SUCCESS as std::os::raw::c_int {
+            return Ok(self);
         }
-        Ok(x)
+        self.done = true;
+        Err(Error::Invalid { func, why: format!("MPI refused to start the exchange (error {rc})") })
     }
 
     /// Waits for the exchange; answers the send buffer and what arrived (block j from member j).
@@ -365,13 +376,28 @@ pub(crate) fn bytes_mut<T: Reducible>(s: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
 }
 
-/// The byte counts of runs of `counts` elements of `T`, in MPI's count type.
+/// The byte counts of runs of `counts` elements of `T`, in MPI's count type; their sum fits it too
+/// (so that their displacements do).
 pub(crate) fn byte_counts<T>(counts: impl IntoIterator<Item = usize>, func: &'static str) -> Result<Vec<Count>> {
+    let mut total: Count = 0;
     counts
         .into_iter()
         .map(|c| {
-            let n = c * size_of::<T>();
-            Count::try_from(n).map_err(|_| Error::Invalid { func, why: format!("{n} bytes exceed MPI's count range") })
+            let n = c.checked_mul(size_of::<T>()).and_then(|n| Count::try_from(n).ok());
+            let sum = n.and_then(|n| total.checked_add(n));
+            match (n, sum) {
+                (Some(n), Some(sum)) => {
+                    total = sum;
+                    Ok(n)
+                }
+                _ => Err(Error::Invalid {
+                    func,
+                    why: format!(
+                        "{c} elements of {} bytes (with the runs before) exceed MPI's count range",
+                        size_of::<T>()
+                    ),
+                }),
+            }
         })
         .collect()
 }

@@ -118,6 +118,32 @@ pub fn run<C: Communicator>(c: &C, seed: u64, cases: usize) -> Result<Vec<u64>> 
     Ok(out)
 }
 
+/// Large uneven sums and gathers of f32 from `seed` (past many of the hierarchical path's pieces:
+/// an all-reduce of 44 MiB, a reduce-scatter where one rank keeps most, one a few elements and
+/// one none, an all-gather of 40 MiB), answering the bits of every result on this rank.
+///
+/// # Errors
+/// The collectives' errors.
+pub fn large<C: Communicator>(c: &C, seed: u64) -> Result<Vec<u64>> {
+    let (n, r) = (c.size(), c.rank());
+    let mut mine = Draw(seed ^ (r as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let mut input = |len: usize| -> Vec<f32> { (0..len).map(|_| f32::draw(&mut mine)).collect() };
+    let mut out = Vec::new();
+    let len = 11_000_003;
+    let mut got = vec![0f32; len];
+    c.all_reduce(&input(len), &mut got, ReduceOp::Sum)?;
+    out.extend(got.iter().map(|x| x.bits()));
+    let counts: Vec<usize> = (0..n).map(|q| [9_000_001, 0, 7, 1_000_003][q % 4]).collect();
+    let mut got = vec![0f32; counts[r]];
+    c.reduce_scatter_v(&input(counts.iter().sum()), &mut got, &counts, ReduceOp::Sum)?;
+    out.extend(got.iter().map(|x| x.bits()));
+    let counts: Vec<usize> = (0..n).map(|q| [2_500_001, 3, 0, 7_500_000][q % 4]).collect();
+    let mut got = vec![0f32; counts.iter().sum()];
+    c.all_gather_v(&input(counts[r]), &mut got, &counts)?;
+    out.extend(got.iter().map(|x| x.bits()));
+    Ok(out)
+}
+
 /// One collective of `T` drawn from `shared`, inputs from `mine`; its result's bits onto `out`.
 fn one<T: Case, C: Communicator>(c: &C, shared: &mut Draw, mine: &mut Draw, out: &mut Vec<u64>) -> Result<()> {
     let (n, r) = (c.size(), c.rank());

@@ -102,7 +102,16 @@ fn run_cmd(a: RunArgs) -> ExitCode {
         }
     };
     let store_addr = a.store_addr.unwrap_or_else(|| match &hosts {
-        Some(h) => format!("{}:0", nx_launcher::run::address_toward(&h[0].0)),
+        Some(h) => {
+            let at = nx_launcher::run::address_toward(&h[0].0);
+            if at.starts_with("127.") {
+                eprintln!(
+                    "nx: no route to --hosts' first host {} but the loopback: the store listens on {at}, which other hosts cannot reach (give --store-addr)",
+                    h[0].0
+                );
+            }
+            format!("{at}:0")
+        }
         None => "127.0.0.1:0".to_string(),
     });
     let code = run(Options {

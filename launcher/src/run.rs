@@ -489,8 +489,12 @@ impl Report<'_> {
     /// Ranks that vanished with no record (their wrappers killed with them), by host; answers
     /// 137 (as for a SIGKILL).
     fn lost(&self, lost: &[Started]) -> i32 {
-        let mut hosts: Vec<&str> = lost.iter().map(|s| s.host.as_str()).collect();
-        hosts.dedup();
+        let mut hosts: Vec<&str> = Vec::new();
+        for s in lost {
+            if !hosts.contains(&s.host.as_str()) {
+                hosts.push(&s.host);
+            }
+        }
         let by_host: Vec<String> = hosts
             .iter()
             .map(|h| {

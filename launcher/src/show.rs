@@ -273,10 +273,11 @@ pub fn plan(a: &PlanArgs) -> Result<String, Error> {
     }
     let topology = match &a.hosts {
         Some(Hosts(per)) => {
-            if per.iter().sum::<usize>() != a.mesh.size() {
+            let total = per.iter().try_fold(0usize, |t, &k| t.checked_add(k));
+            if total != Some(a.mesh.size()) {
+                let laid = total.map_or("more than 2^64".to_string(), |t| t.to_string());
                 return Err(format!(
-                    "nx plan: --hosts {per:?} lays out {} devices, the mesh {} has {}",
-                    per.iter().sum::<usize>(),
+                    "nx plan: --hosts {per:?} lays out {laid} devices, the mesh {} has {}",
                     a.mesh,
                     a.mesh.size()
                 )

@@ -1,7 +1,8 @@
 //! The rendezvous store of `nx run`: a key-value store on tokio over TCP. Every client proves the
 //! run's random token first; a connection without it is refused and logged. The protocol is
-//! `nx::store`'s, plus `STREAM R`, which turns a connection into rank R's output (`1 line` for
-//! stdout, `2 line` for stderr; no replies), printed here line by line.
+//! `nx::store`'s, plus `STREAM LABEL` (the rank, or `R@HOST`), which turns a connection into a
+//! rank's output (`1 line` for stdout, `2 line` for stderr; no replies), printed here line by
+//! line.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -120,8 +121,8 @@ impl Served {
 }
 
 /// Binds the store to `bind` (`127.0.0.1:0` for any free port) and serves it on the current tokio
-/// runtime; answers the served store. Lines that ranks stream to it (`STREAM R`) are printed on
-/// this process's stdout and stderr, each whole, prefixed `[R] ` where `tag`.
+/// runtime; answers the served store. Lines that ranks stream to it (`STREAM LABEL`) are printed on
+/// this process's stdout and stderr, each whole, prefixed `[LABEL] ` where `tag`.
 ///
 /// # Errors
 /// The bind's I/O error.

@@ -238,6 +238,30 @@ fn assemble<'d, T: Reducible>(
     dir: &Path,
     check: bool,
 ) -> Result<Tensor<'d, T>> {
+    // boxes of one term never overlap (each element stored once), so that the elements they
+    // cover are exactly the window's when their count is
+    for k in 0..terms.max(1) {
+        let mine: Vec<&BoxEntry> = boxes.iter().filter(|b| b.term == k).collect();
+        for (i, a) in mine.iter().enumerate() {
+            for b in &mine[i + 1..] {
+                let ranks = [a.start.len(), a.extent.len(), b.start.len(), b.extent.len()];
+                let meet = ranks.iter().all(|&r| r == ranks[0])
+                    && (0..a.start.len()).all(|d| {
+                        let (ae, be) = (a.start[d].saturating_add(a.extent[d]), b.start[d].saturating_add(b.extent[d]));
+                        a.start[d] < be && b.start[d] < ae
+                    });
+                if meet {
+                    return Err(err(
+                        FUNC,
+                        format!(
+                            "{name}: the stored boxes {:?}+{:?} and {:?}+{:?} overlap",
+                            a.start, a.extent, b.start, b.extent
+                        ),
+                    ));
+                }
+            }
+        }
+    }
     let closed = placement.closed();
     let local = match closed.window(shape, ctx.index())? {
         Some(w) => {

@@ -7,7 +7,8 @@
 //! `skip` (rank 1 skips a barrier; a 3 s timeout), `skip-unchecked` (the same in unchecked mode,
 //! after a first barrier: the shared-memory path's own watchdog), `bits SEED` (writes the bits of
 //! [`nx_collectives::random::run`]'s results to `$NX_BITS_DIR/rank-R`, little-endian `u64`s, to
-//! compare with the simulated backend's), `lengths` (unchecked: the last rank
+//! compare with the simulated backend's), `large SEED` (the same of [`nx_collectives::random::large`]),
+//! `lengths` (unchecked: the last rank
 //! gives every collective and a receive other lengths or counts; each rank prints what each call
 //! answered and whether the guards around its buffers are intact, then shows the communicator
 //! still works), `forever` (unchecked all-reduces of 4 MiB until stopped, a 3 s timeout: a peer
@@ -74,9 +75,13 @@ fn main() {
                     println!("{line}");
                 }
             }
-            "bits" => {
+            "bits" | "large" => {
                 let seed: u64 = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(1);
-                let bits = nx_collectives::random::run(&c, seed, CASES)?;
+                let bits = if mode == "bits" {
+                    nx_collectives::random::run(&c, seed, CASES)?
+                } else {
+                    nx_collectives::random::large(&c, seed)?
+                };
                 let dir = std::env::var("NX_BITS_DIR").unwrap_or_else(|_| ".".into());
                 let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
                 let path = std::path::Path::new(&dir).join(format!("rank-{}", c.rank()));
