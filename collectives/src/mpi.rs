@@ -676,9 +676,7 @@ mod imp {
             let counts: Vec<usize> = (0..n).map(|j| (j + 1) * len / n - j * len / n).collect();
             let mine = counts[self.rank()];
             if let Some(t) = &self.tiers {
-                let mut chunk = vec![T::default(); mine];
-                t.reduce_scatter_v(send, &mut chunk, &counts, op)?;
-                return t.all_gather_v(&chunk, recv, &counts);
+                return t.all_reduce(send, recv, op);
             }
             let c = byte_counts::<T>(counts.iter().copied(), "nx_collectives::all_reduce")?;
             let d = displs(&c);
