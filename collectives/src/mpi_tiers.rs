@@ -84,7 +84,7 @@ impl Tiers {
         op: ReduceOp,
     ) -> Result<()> {
         const FUNC: &str = "nx_collectives::mpi::reduce_scatter";
-        let (hosts, per) = (self.at.len(), self.at[0].len());
+        let hosts = self.at.len();
         // every byte count fits MPI's range (then every piece's does)
         byte_counts::<T>([send.len()], FUNC)?;
         let off = displs(counts);
@@ -96,25 +96,17 @@ impl Tiers {
         let mut inflight: Option<(Exchange<T>, usize)> = None;
         let mut result = Ok(());
         for p in 0..pieces {
-            // within the host: local rank l' keeps piece p of every host's l'-th member's block
-            let mut regrouped = Vec::new();
-            let mut local_counts = vec![0usize; per];
-            for (lp, c) in local_counts.iter_mut().enumerate() {
-                for h in 0..hosts {
-                    let q = self.at[h][lp];
-                    regrouped.extend_from_slice(&send[cut(q, p)..cut(q, p + 1)]);
-                    *c += len(q, p);
-                }
-            }
-            let mut part = vec![T::default(); local_counts[self.l]];
-            let local = exchange_reduce(&self.local, &regrouped, &local_counts, &mut part, op);
+            let local = self.reduce_within(send, &cut, p, op);
             if let Some((x, pp)) = inflight.take() {
                 self.close(x, &|q| len(q, pp), &mut recv[cut(me, pp) - off[me]..cut(me, pp + 1) - off[me]], op);
             }
-            if let Err(e) = local {
-                result = Err(e);
-                break;
-            }
+            let part = match local {
+                Ok(part) => part,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
             // across the hosts: host h's piece to its member of this local rank
             let cross_counts: Vec<usize> = (0..hosts).map(|h| len(self.at[h][self.l], p)).collect();
             inflight = Some((Exchange::start(&self.cross, part, &cross_counts, len(me, p))?, p));
@@ -135,6 +127,7 @@ impl Tiers {
     pub(crate) fn all_reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         const FUNC: &str = "nx_collectives::mpi::all_reduce";
         let (hosts, per) = (self.at.len(), self.at[0].len());
+        // n = hosts·per, both counts of members: no overflow
         byte_counts::<T>([send.len()], FUNC)?;
         let n = hosts * per;
         let len_all = send.len();
@@ -151,37 +144,11 @@ impl Tiers {
             self.close(x, &|q| len(q, p), &mut mine, op);
             Exchange::gather(&self.cross, mine, &cross_counts(p))
         };
-        // piece p gathered across the hosts: gathered within, into rank order
-        let gathered = |x: Exchange<T>, p: usize, recv: &mut [T]| -> Result<()> {
-            let (_, mine) = x.finish();
-            let local_counts: Vec<usize> =
-                (0..per).map(|lp| (0..hosts).map(|h| len(self.at[h][lp], p)).sum()).collect();
-            let mut all = vec![T::default(); local_counts.iter().sum()];
-            gather(&self.local, &mine, &mut all, &local_counts, FUNC)?;
-            let mut at = 0;
-            for lp in 0..per {
-                for h in 0..hosts {
-                    let q = self.at[h][lp];
-                    recv[cut(q, p)..cut(q, p + 1)].copy_from_slice(&all[at..at + len(q, p)]);
-                    at += len(q, p);
-                }
-            }
-            Ok(())
-        };
+        let gathered = |x: Exchange<T>, p: usize, recv: &mut [T]| self.gather_within(x, &cut, p, recv, FUNC);
         let mut rs: Option<(Exchange<T>, usize)> = None;
         let mut ag: Option<(Exchange<T>, usize)> = None;
         for p in 0..pieces {
-            let mut regrouped = Vec::new();
-            let mut local_counts = vec![0usize; per];
-            for (lp, c) in local_counts.iter_mut().enumerate() {
-                for h in 0..hosts {
-                    let q = self.at[h][lp];
-                    regrouped.extend_from_slice(&send[cut(q, p)..cut(q, p + 1)]);
-                    *c += len(q, p);
-                }
-            }
-            let mut part = vec![T::default(); local_counts[self.l]];
-            exchange_reduce(&self.local, &regrouped, &local_counts, &mut part, op)?;
+            let part = self.reduce_within(send, &cut, p, op)?;
             let started = Exchange::start(&self.cross, part, &cross_counts(p), len(me, p))?;
             if let Some((x, pp)) = rs.replace((started, p)) {
                 let next = reduced(x, pp)?;
@@ -198,6 +165,66 @@ impl Tiers {
         }
         if let Some((y, ppp)) = ag.take() {
             gathered(y, ppp, recv)?;
+        }
+        Ok(())
+    }
+
+    /// Piece p of every member's block of `send` (member q's from `cut(q, p)` to `cut(q, p + 1)`)
+    /// reduced within the host: this rank keeps, summed over its host's members in rank order,
+    /// piece p of every host's member of its local rank, in host order.
+    ///
+    /// # Errors
+    /// Where a count exceeds MPI's range.
+    fn reduce_within<T: Reducible>(
+        &self,
+        send: &[T],
+        cut: &dyn Fn(usize, usize) -> usize,
+        p: usize,
+        op: ReduceOp,
+    ) -> Result<Vec<T>> {
+        let (hosts, per) = (self.at.len(), self.at[0].len());
+        // local rank l' keeps piece p of every host's l'-th member's block
+        let mut regrouped = Vec::new();
+        let mut local_counts = vec![0usize; per];
+        for (lp, c) in local_counts.iter_mut().enumerate() {
+            for h in 0..hosts {
+                let q = self.at[h][lp];
+                regrouped.extend_from_slice(&send[cut(q, p)..cut(q, p + 1)]);
+                *c += cut(q, p + 1) - cut(q, p);
+            }
+        }
+        let mut part = vec![T::default(); local_counts[self.l]];
+        exchange_reduce(&self.local, &regrouped, &local_counts, &mut part, op)?;
+        Ok(part)
+    }
+
+    /// Waits for piece p's gather across the hosts (this local rank's piece of every host's
+    /// block), gathers every local rank's within the host, and puts each member q's piece into
+    /// `recv` from `at(q, p)` to `at(q, p + 1)`.
+    ///
+    /// # Errors
+    /// Where a count exceeds MPI's range.
+    fn gather_within<T: Reducible>(
+        &self,
+        x: Exchange<T>,
+        at: &dyn Fn(usize, usize) -> usize,
+        p: usize,
+        recv: &mut [T],
+        func: &'static str,
+    ) -> Result<()> {
+        let (hosts, per) = (self.at.len(), self.at[0].len());
+        let (_, mine) = x.finish();
+        let len = |q: usize| at(q, p + 1) - at(q, p);
+        let local_counts: Vec<usize> = (0..per).map(|lp| (0..hosts).map(|h| len(self.at[h][lp])).sum()).collect();
+        let mut all = vec![T::default(); local_counts.iter().sum()];
+        gather(&self.local, &mine, &mut all, &local_counts, func)?;
+        let mut from = 0;
+        for lp in 0..per {
+            for h in 0..hosts {
+                let q = self.at[h][lp];
+                recv[at(q, p)..at(q, p + 1)].copy_from_slice(&all[from..from + len(q)]);
+                from += len(q);
+            }
         }
         Ok(())
     }
@@ -228,27 +255,12 @@ impl Tiers {
         let off = displs(counts);
         // in pieces, the within-host gather of one overlapping the across-host one of the next
         let pieces = (std::mem::size_of_val(recv) / (PIECE * per * hosts)).clamp(1, MAX_PIECES);
+        // piece p of block q: from `cut(q, p)` within the block
         let cut = |q: usize, p: usize| counts[q] * p / pieces;
         let len = |q: usize, p: usize| cut(q, p + 1) - cut(q, p);
+        let at = |q: usize, p: usize| off[q] + cut(q, p);
         let me = self.at[self.h][self.l];
-        // within the host, piece p of every local rank's blocks, then into rank order
-        let within = |x: Exchange<T>, p: usize, recv: &mut [T]| -> Result<()> {
-            let (_, mine) = x.finish();
-            let local_counts: Vec<usize> =
-                (0..per).map(|lp| (0..hosts).map(|h| len(self.at[h][lp], p)).sum()).collect();
-            let mut all = vec![T::default(); local_counts.iter().sum()];
-            gather(&self.local, &mine, &mut all, &local_counts, FUNC)?;
-            let mut at = 0;
-            for lp in 0..per {
-                for h in 0..hosts {
-                    let q = self.at[h][lp];
-                    let n = len(q, p);
-                    recv[off[q] + cut(q, p)..off[q] + cut(q, p) + n].copy_from_slice(&all[at..at + n]);
-                    at += n;
-                }
-            }
-            Ok(())
-        };
+        let within = |x: Exchange<T>, p: usize, recv: &mut [T]| self.gather_within(x, &at, p, recv, FUNC);
         let mut inflight: Option<(Exchange<T>, usize)> = None;
         for p in 0..pieces {
             // across the hosts: this local rank's piece p of every host's block
