@@ -98,7 +98,7 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
         (0..len)
             .map(|i| match i % 6 {
                 0 if nan && (i / 6) % (n + 1) == q => f32::NAN,
-                1 if (q + i / 6) % 2 == 0 => 0.0,
+                1 if (q + i / 6).is_multiple_of(2) => 0.0,
                 1 | 2 => -0.0,
                 3 => 0.0,
                 _ => input(q, len)[i],
@@ -335,7 +335,7 @@ pub fn places<C: Communicator>(c: &C) -> Result<()> {
 /// As [`suite`].
 pub fn places_in<C: Communicator, A: Alloc<f32>>(c: &C, groups: &Groups<C>, alloc: &A) -> Result<()> {
     let n = c.size();
-    let (a, b) = if n % 2 == 0 && n > 2 { (2, n / 2) } else { (1, n) };
+    let (a, b) = if n.is_multiple_of(2) && n > 2 { (2, n / 2) } else { (1, n) };
     let specs = [
         ("mesh(0:dp.tp)", "mesh()"),
         ("mesh(0:tp)", "mesh(1:tp)"),

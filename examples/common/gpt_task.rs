@@ -99,7 +99,7 @@ pub struct Outcome {
 
 /// Whether the pair (a, b) is held out (a tenth of all pairs, by hash).
 pub fn held_out(a: u64, b: u64) -> bool {
-    nx::splitmix64(a.wrapping_mul(1_000_003) ^ b ^ 0xA5A5) % 10 == 0
+    nx::splitmix64(a.wrapping_mul(1_000_003) ^ b ^ 0xA5A5).is_multiple_of(10)
 }
 
 /// The tokens of `a+b=` and the reversed sum, `3·digits + 3` of them.

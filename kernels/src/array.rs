@@ -197,7 +197,7 @@ impl<T: Element> Array<T> {
                     ),
                 });
             }
-            if (layout.offset() * size) as usize % T::DTYPE.align() != 0 {
+            if !((layout.offset() * size) as usize).is_multiple_of(T::DTYPE.align()) {
                 return Err(Error::Invalid {
                     func: FUNC,
                     why: format!("first element at offset {} is misaligned", layout.offset()),
@@ -642,7 +642,9 @@ impl<T: Element> Array<T> {
             return Err(Error::Dead { func: "nx_kernels::Array::bitcast", why: d.to_string() });
         }
         let Some(layout) = self.layout.bitcast(T::DTYPE.size(), U::DTYPE.size())? else { return Ok(None) };
-        if layout.numel() > 0 && (layout.offset() * U::DTYPE.size() as isize) as usize % U::DTYPE.align() != 0 {
+        if layout.numel() > 0
+            && !((layout.offset() * U::DTYPE.size() as isize) as usize).is_multiple_of(U::DTYPE.align())
+        {
             return Ok(None);
         }
         Ok(Some(Array { layout, buffer: self.buffer.clone(), elem: PhantomData }))

@@ -298,3 +298,40 @@ fn an_output_identical_to_an_operand_and_a_huge_causal_offset() {
     assert_eq!(Host::new().attention(&none, &o, &lse, &q, Kv::Dense { k: &k, v: &k }, None), Answer::Done);
     assert!(lse.to_vec().unwrap().iter().all(|&l| l == f32::NEG_INFINITY), "no key visible");
 }
+
+#[test]
+fn long_queries_span_several_blocks_and_key_tiles_under_causal_offsets() {
+    // more query rows than two of the kernel's blocks (256 rows) and keys over several tiles
+    // (128 keys), both with a remainder; offsets that leave early rows nothing to see, keys that
+    // start past a block's first rows, and keys left over past the last query
+    let (lead, hq, hk, tq, tk, dk, dv) = (1, 2, 1, 2 * 256 + 7, 2 * 256 + 7 + 130, 8, 4);
+    let q: Vec<f64> = (0..lead * hq * tq * dk).map(|x| val(x, 11) as f32 as f64).collect();
+    let k: Vec<f64> = (0..lead * hk * tk * dk).map(|x| val(x, 12) as f32 as f64).collect();
+    let v: Vec<f64> = (0..lead * hk * tk * dv).map(|x| val(x, 13) as f32 as f64).collect();
+    let (qa, ka, va) = (
+        arr(&[lead, hq, tq, dk], &q, |x| x as f32),
+        arr(&[lead, hk, tk, dk], &k, |x| x as f32),
+        arr(&[lead, hk, tk, dv], &v, |x| x as f32),
+    );
+    for off in [-300, -5, 0, 1, 130, 200] {
+        let spec = Attention { scale: 0.7, causal: Some(off), acc: Dtype::F32 };
+        let c = Case { lead, hq, hk, tq, tk, dk, dv, causal: Some(off) };
+        let want = naive(&c, &q, &k, &v, 0.7, &|_, _| true);
+        let run = |threads: usize| {
+            let (o, lse) = (
+                Array::<f32>::zeros(DEV, &[lead, hq, tq, dv]).unwrap(),
+                Array::<f32>::zeros(DEV, &[lead, hq, tq]).unwrap(),
+            );
+            let kv = Kv::Dense { k: &ka, v: &va };
+            assert_eq!(Host::with_threads(threads).unwrap().attention(&spec, &o, &lse, &qa, kv, None), Answer::Done);
+            (o.to_vec().unwrap(), lse.to_vec().unwrap())
+        };
+        let (o1, l1) = run(1);
+        let go: Vec<f64> = o1.iter().map(|&x| f64::from(x)).collect();
+        let gl: Vec<f64> = l1.iter().map(|&x| f64::from(x)).collect();
+        check(&c, &go, &gl, &want, 1.0, f64::from(f32::EPSILON) / 2.0, 0.0);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (o2, l2) = run(2);
+        assert_eq!((bits(&o2), bits(&l2)), (bits(&o1), bits(&l1)), "offset {off}: 2 threads");
+    }
+}

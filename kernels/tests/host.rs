@@ -95,7 +95,7 @@ const REAL_UNARY: [UnOp; 14] = [
 /// Values with every special case among ordinary ones.
 fn specials(k: usize) -> f64 {
     const S: [f64; 8] = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0, 1e-310];
-    if k % 11 == 0 {
+    if k.is_multiple_of(11) {
         S[(k / 11) % S.len()]
     } else {
         (k as f64 - 5003.0) / 97.0

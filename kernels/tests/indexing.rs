@@ -131,19 +131,34 @@ proptest! {
 #[test]
 fn a_scan_of_a_prefix_is_the_prefix_of_the_scan_and_resumes_from_a_carry() {
     let host = Host::new();
-    let n = 3 * 4096 + 77; // past several blocks
+    let n = 19 * 4096 + 77; // past several groups of blocks (8 blocks of 4096 run side by side)
     let xs: Vec<f32> = (0..n).map(val).collect();
     let whole = Array::<f32>::zeros(DEV, &[n]).unwrap();
     assert_eq!(host.scan(Reduction::Sum, 0, None, &whole, &arr(&[n], &xs, false)), Answer::Done);
     let whole = whole.to_vec().unwrap();
-    for m in [1, 4095, 4096, 4097, 8192 + 5, n - 1] {
+    // the stated association, written here: result k of block b is (T₀ + … + T_{b−1}) + x_lo + …
+    // + x_k, in order, each total T the block's own sum from its first term
+    let mut want = Vec::with_capacity(n);
+    let mut before: Option<f32> = Some(0.0);
+    for block in xs.chunks(4096) {
+        let mut acc = before;
+        for &x in block {
+            let v = acc.map_or(x, |a| a + x);
+            want.push(v);
+            acc = Some(v);
+        }
+        let total = block[1..].iter().fold(block[0], |a, &x| a + x);
+        before = before.map(|b| b + total);
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&whole), bits(&want), "the stated association");
+    for m in [1, 4095, 4096, 4097, 8192 + 5, 8 * 4096, 8 * 4096 + 1, 16 * 4096 + 3, n - 1] {
         let part = Array::<f32>::zeros(DEV, &[m]).unwrap();
         assert_eq!(host.scan(Reduction::Sum, 0, None, &part, &arr(&[m], &xs[..m], true)), Answer::Done);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&part.to_vec().unwrap()), bits(&whole[..m]), "prefix of {m}");
     }
     // the same bits on 1, 2 and 8 threads: one long lane (its blocks in parallel) and many lanes
-    for shape in [vec![n], vec![8, 5000], vec![5000, 3]] {
+    for shape in [vec![n], vec![3, 9 * 4096 + 5], vec![8, 5000], vec![5000, 3]] {
         let axis = if shape.len() == 2 && shape[1] == 3 { 0 } else { shape.len() - 1 };
         let len: usize = shape.iter().product();
         let x = arr(&shape, &(0..len).map(val).collect::<Vec<_>>(), true);
@@ -483,7 +498,6 @@ proptest! {
 fn integer_sorts_top_k_thread_counts_and_refusals() {
     // i32 and u8 lanes against the standard library's stable sort, and a top-k of few of many
     let xs: Vec<i32> = (0..50_000).map(|k| (k * 7919) % 10007 - 5000).collect();
-    let a = arr(&[5, 10_000], &xs, true);
     let want = |d: bool, k: usize| {
         let mut v = Vec::new();
         for r in 0..5 {
@@ -493,10 +507,14 @@ fn integer_sorts_top_k_thread_counts_and_refusals() {
         }
         v
     };
-    for (threads, d, k) in [(1, false, 10_000), (2, true, 10_000), (8, true, 50), (1, false, 3), (2, false, 0)] {
-        let p = Array::<i64>::zeros(DEV, &[5, k]).unwrap();
-        assert_eq!(Host::with_threads(threads).unwrap().sort(1, d, None, Some(&p), &a), Answer::Done);
-        assert_eq!(p.to_vec().unwrap(), want(d, k), "{threads} threads, descending {d}, k {k}");
+    // lanes strided and contiguous (a top-k's filter reads a contiguous lane as a slice)
+    for strided in [true, false] {
+        let a = arr(&[5, 10_000], &xs, strided);
+        for (threads, d, k) in [(1, false, 10_000), (2, true, 10_000), (8, true, 50), (1, false, 3), (2, false, 0)] {
+            let p = Array::<i64>::zeros(DEV, &[5, k]).unwrap();
+            assert_eq!(Host::with_threads(threads).unwrap().sort(1, d, None, Some(&p), &a), Answer::Done);
+            assert_eq!(p.to_vec().unwrap(), want(d, k), "{threads} threads, descending {d}, k {k}, strided {strided}");
+        }
     }
     let bytes: Vec<u8> = (0..3000).map(|k| (k * 31 % 251) as u8).collect();
     let v = Array::<u8>::zeros(DEV, &[3000]).unwrap();

@@ -195,7 +195,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let l = ident.load(0);
     ident.output(l);
     let all = Array::<f32>::zeros_on(&rig, &[])?;
-    let cols = if n % 4096 == 0 { 4096 } else { n };
+    let cols = if n.is_multiple_of(4096) { 4096 } else { n };
     let rows_n = n / cols;
     let x2 = x.apply(&nx::kernels::Move::Reshape(vec![rows_n, cols]))?.ok_or("reshape")?;
     let per_row = Array::<f32>::zeros_on(&rig, &[rows_n])?;

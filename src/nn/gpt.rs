@@ -153,7 +153,7 @@ impl Gpt {
     /// A width the heads do not divide; zero sizes.
     pub fn new(config: GptConfig) -> Result<Gpt> {
         let c = config.width;
-        if config.heads == 0 || c % config.heads != 0 || config.vocab == 0 || config.context == 0 {
+        if config.heads == 0 || !c.is_multiple_of(config.heads) || config.vocab == 0 || config.context == 0 {
             return Err(err(
                 "nx::nn::gpt::Gpt::new",
                 format!("{config:?}: the heads must divide the width, sizes above 0"),
@@ -178,7 +178,7 @@ impl Gpt {
     /// # Errors
     /// A layout whose `tp` does not divide the heads.
     pub fn init<'d, T: Reducible>(&self, ctx: &Ctx<'d>, l: &Layout<'d>, seed: u64) -> Result<Params<'d, T>> {
-        if self.config.heads % l.tp() != 0 {
+        if !self.config.heads.is_multiple_of(l.tp()) {
             return Err(err(
                 "nx::nn::gpt::Gpt::init",
                 format!("tp = {} does not divide {} heads", l.tp(), self.config.heads),
@@ -289,7 +289,7 @@ impl SelfAttention {
     /// An input of another shape; `tp` not dividing the heads.
     pub fn forward<'d, T: Reducible>(&self, p: &Bound<'d, T>, x: &Var<'d, T>) -> Result<Var<'d, T>> {
         let s = x.shape();
-        if s.len() != 3 || s[2] % self.heads != 0 {
+        if s.len() != 3 || !s[2].is_multiple_of(self.heads) {
             return Err(err(
                 "nx::nn::gpt::SelfAttention::forward",
                 format!("an input {s:?}: needs [b, t, width] with width a multiple of {} heads", self.heads),

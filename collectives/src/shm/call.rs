@@ -77,7 +77,7 @@ pub(super) type Announced = (usize, usize);
 impl Shm {
     /// Member `q`'s control word at byte `at`.
     fn word(&self, q: usize, at: usize) -> &AtomicU64 {
-        debug_assert!(at + 8 <= CTRL && at % 8 == 0);
+        debug_assert!(at + 8 <= CTRL && at.is_multiple_of(8));
         // SAFETY: an aligned u64 inside a live, 64-byte aligned control page of CTRL bytes;
         // every access to control words is atomic.
         unsafe { &*((self.node.bases[self.members[q]] + at) as *const AtomicU64) }

@@ -171,7 +171,7 @@ impl Group {
                 continue;
             }
             let waited = start.elapsed();
-            if spins % 16 == 0 || waited >= YIELD_FOR {
+            if spins.is_multiple_of(16) || waited >= YIELD_FOR {
                 if let Some(peer) = gone() {
                     if !withdraw() {
                         return Ok(parity);

@@ -59,8 +59,9 @@
 //!   carry (a `Sum` without one: +0; the others: nothing, so the first result is the first term),
 //!   and `C_{k+1} = C_k ⊕ T_k`, `T_k` block k's terms combined left to right from its first.
 //!   Blocks do not depend on the lane's length, so the scan of a prefix is the prefix of the
-//!   scan; many lanes run in parallel, a few long ones block by block (totals, then results), the
-//!   same combinations either way: the same bits on any thread count.
+//!   scan; many lanes run in parallel, a few long ones block by block (totals, then results), a
+//!   task running the chains of 8 whole blocks side by side; the same combinations either way:
+//!   the same bits on any thread count.
 //! - **Gathers and scatters** move whole rows (the axes after the indexed one), a row one copy
 //!   where its axes are C-contiguous; a scatter sorts its indices by destination (a stable
 //!   counting sort) and each destination row, on one thread, receives its sources in index
@@ -74,10 +75,13 @@
 //!   outside the operand the fill: O(outputs × window) reads, through the operand's layout.
 //! - **Attention** is online (flash-style): per lead index and key head the visible keys (before
 //!   the length, on a page of the pool) are packed once, widened to the accumulator; a task takes
-//!   64 query rows of one head and walks tiles of 128 keys: `S = s·(Q Kᵀ)` by `faer`'s product
+//!   256 query rows of one head and walks tiles of 128 keys: `S = s·(Q Kᵀ)` by `faer`'s product
 //!   (one thread), the causal mask, then per row the running maximum m, `l = l·e^(m_old − m) +
 //!   Σ e^(S − m)` and `O = O·e^(m_old − m) + P V`; at the end `o = O / l`, `lse = m + ln l`.
-//!   Tiles past every row's causal mask are skipped. Scores are never held beyond a tile. A NaN
+//!   `e^(S − m)` is one fused `s·(q·k) − m`, then an `exp` within 2 ulps (Cephes' polynomial),
+//!   summed in 16 lanes; every CPU computes the same bits. Tiles past every row's causal mask
+//!   are skipped, and rows before a tile's first visible key left out of its products. Scores
+//!   are never held beyond a tile. A NaN
 //!   or infinity in a key or value past a row's length, or on a hole of the table, is never read;
 //!   one in a value the causal mask hides but a tile shares with a visible key reaches `o` (its
 //!   weight is 0, and 0 × NaN is NaN).
@@ -116,6 +120,7 @@
 
 mod assemble;
 mod attention;
+mod attention_rows;
 mod contract;
 pub(crate) mod eval;
 mod fold;

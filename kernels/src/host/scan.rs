@@ -19,6 +19,9 @@ use crate::{Answer, Dtype, Element};
 /// blocks before it.
 pub(crate) const BLOCK: usize = 4096;
 
+/// Blocks whose chains of combinations a task runs side by side.
+const WAYS: usize = 8;
+
 /// An element type a scan reads and writes: its carrier, and its carry's element type (the
 /// contract's carrier dtype: `f32` for halves, the type itself otherwise).
 pub(crate) trait Scan: Element {
@@ -185,10 +188,24 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
         // SAFETY: under the call's claims, at positions of the checked layouts (see above).
         let put = |k: usize, v: T::C| unsafe { T::store(dp.byte((d0 + k as isize * dl.stride()) * size), T::down(v)) };
         let blocks = n.div_ceil(BLOCK);
+        if blocks == 0 {
+            return; // an empty lane: nothing to write
+        }
         // a block's total, from its first term
         let total = |b: usize| {
             let (lo, hi) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
             (lo + 1..hi).fold(get(lo), |a, k| f(a, get(k)))
+        };
+        // the totals of WAYS whole blocks from block `b0`, their chains interleaved (the same
+        // combinations as `total`'s, run side by side: the adds' latency hidden)
+        let totals_of = |b0: usize| -> [T::C; WAYS] {
+            let mut acc: [T::C; WAYS] = std::array::from_fn(|w| get((b0 + w) * BLOCK));
+            for j in 1..BLOCK {
+                for (w, a) in acc.iter_mut().enumerate() {
+                    *a = f(*a, get((b0 + w) * BLOCK + j));
+                }
+            }
+            acc
         };
         // a block's results, from what the blocks before it combine to
         let results = |b: usize, before: Option<T::C>| {
@@ -203,36 +220,57 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
                 acc = Some(v);
             }
         };
-        // what the blocks before each block combine to: the carry (or nothing), then the totals
-        let chain = |totals: &[T::C]| {
-            let mut before = Vec::with_capacity(totals.len() + 1);
-            let mut c = c0;
-            before.push(c);
-            for t in totals {
-                c = Some(match c {
-                    Some(c) => f(c, *t),
-                    None => *t,
-                });
-                before.push(c);
-            }
-            before
-        };
-        if split && blocks > 1 {
-            let totals: Vec<T::C> = (0..blocks - 1).into_par_iter().map(total).collect();
-            let before = chain(&totals);
-            (0..blocks).into_par_iter().for_each(|b| results(b, before[b]));
-        } else {
-            let mut c = c0;
-            for b in 0..blocks {
-                results(b, c);
-                if b + 1 < blocks {
-                    let t = total(b);
-                    c = Some(match c {
-                        Some(c) => f(c, t),
-                        None => t,
-                    });
+        // the results of WAYS whole blocks from block `b0`, interleaved as `totals_of`
+        let results_of = |b0: usize, before: &[Option<T::C>]| {
+            let mut acc: [T::C; WAYS] = std::array::from_fn(|w| {
+                let k = (b0 + w) * BLOCK;
+                let x = get(k);
+                let v = match before[w] {
+                    Some(a) => f(a, x),
+                    None => x,
+                };
+                put(k, v);
+                v
+            });
+            for j in 1..BLOCK {
+                for (w, a) in acc.iter_mut().enumerate() {
+                    let k = (b0 + w) * BLOCK + j;
+                    *a = f(*a, get(k));
+                    put(k, *a);
                 }
             }
+        };
+        // the totals of blocks 0..blocks − 1 (each whole), in groups of WAYS, then one by one
+        let groups = (blocks - 1) / WAYS;
+        let totals: Vec<T::C> = if split {
+            let mut t: Vec<T::C> = (0..groups).into_par_iter().flat_map_iter(|g| totals_of(g * WAYS)).collect();
+            t.par_extend((groups * WAYS..blocks - 1).into_par_iter().map(total));
+            t
+        } else {
+            let mut t: Vec<T::C> = (0..groups).flat_map(|g| totals_of(g * WAYS)).collect();
+            t.extend((groups * WAYS..blocks - 1).map(total));
+            t
+        };
+        // what the blocks before each block combine to: the carry (or nothing), then the totals
+        let mut before = Vec::with_capacity(blocks);
+        let mut c = c0;
+        before.push(c);
+        for t in &totals {
+            c = Some(match c {
+                Some(c) => f(c, *t),
+                None => *t,
+            });
+            before.push(c);
+        }
+        // results of whole blocks in groups of WAYS, the rest (the last, maybe short) one by one
+        let whole = n / BLOCK;
+        let groups = whole / WAYS;
+        if split {
+            (0..groups).into_par_iter().for_each(|g| results_of(g * WAYS, &before[g * WAYS..]));
+            (groups * WAYS..blocks).into_par_iter().for_each(|b| results(b, before[b]));
+        } else {
+            (0..groups).for_each(|g| results_of(g * WAYS, &before[g * WAYS..]));
+            (groups * WAYS..blocks).for_each(|b| results(b, before[b]));
         }
     };
     let count = sl.count();

@@ -88,9 +88,54 @@ float_key!(f64, 64);
 float_key!(f16, 16);
 float_key!(bf16, 16);
 
+/// The elements a top-k's filter reads at a time.
+const BLOCK: usize = 64;
+
+/// Writes the keys (xor `flip`) of the next `keys.len()` elements of a lane, the element `t` of
+/// them at `at(t)`, `stride` elements apart: a contiguous lane read as a slice, in vector
+/// registers where the CPU has AVX2.
+#[inline(always)]
+fn block_keys<T: Key>(keys: &mut [u64], stride: isize, flip: u64, at: impl Fn(usize) -> *const u8) {
+    if stride == 1 && !keys.is_empty() {
+        // SAFETY: the caller's elements: `keys.len()` of them from `at(0)`, contiguous and
+        // aligned (a checked layout's), under the call's claims.
+        let xs = unsafe { std::slice::from_raw_parts(at(0).cast::<T>(), keys.len()) };
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            unsafe { keys_avx2(keys, xs, flip) };
+            return;
+        }
+        keys_plain(keys, xs, flip);
+        return;
+    }
+    for (t, key) in keys.iter_mut().enumerate() {
+        // SAFETY: the caller's element `t`, under the call's claims.
+        *key = unsafe { T::load(at(t)) }.key() ^ flip;
+    }
+}
+
+#[inline(always)]
+fn keys_plain<T: Key>(keys: &mut [u64], xs: &[T], flip: u64) {
+    for (key, &x) in keys.iter_mut().zip(xs) {
+        *key = x.key() ^ flip;
+    }
+}
+
+/// [`keys_plain`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn keys_avx2<T: Key>(keys: &mut [u64], xs: &[T], flip: u64) {
+    keys_plain(keys, xs, flip)
+}
+
 /// An element's key and position, ordered by key, then position.
 trait Item: Copy + Ord + Send + Sync {
     fn new(key: u64, pos: usize) -> Self;
+    fn key(self) -> u64;
     fn digit(self, byte: usize) -> usize;
     fn pos(self) -> usize;
 }
@@ -102,6 +147,9 @@ struct Packed(u64);
 impl Item for Packed {
     fn new(key: u64, pos: usize) -> Packed {
         Packed(key << 32 | pos as u64)
+    }
+    fn key(self) -> u64 {
+        self.0 >> 32
     }
     #[inline(always)]
     fn digit(self, byte: usize) -> usize {
@@ -119,6 +167,9 @@ struct Wide(u64, u32);
 impl Item for Wide {
     fn new(key: u64, pos: usize) -> Wide {
         Wide(key, pos as u32)
+    }
+    fn key(self) -> u64 {
+        self.0
     }
     #[inline(always)]
     fn digit(self, byte: usize) -> usize {
@@ -281,29 +332,45 @@ fn run<T: Key, I: Item>(
             items.clear();
             // SAFETY (every load and store): the door holds the claims; positions come from the
             // checked layouts; lane `lane` of the destinations is written by this task alone.
-            let item = |t: usize| {
-                // SAFETY: under the call's claims, at positions of the checked layouts (see above).
-                let key = unsafe { T::load(at(t)) }.key();
-                I::new(if descending { !key & mask } else { key }, t)
-            };
             if k > 0 && k * 16 <= n {
                 // a few of many: keep candidates below the k-th least seen so far, selecting the
                 // k least whenever 4k are held (items are unique: one answer whatever the order)
-                let mut bar: Option<I> = None;
-                for t in 0..n {
-                    let it = item(t);
-                    if bar.is_some_and(|b| it > b) {
+                // A block's keys are read first and its least compared with the bar's key: most
+                // blocks hold no candidate, and the loop over them runs in vector registers. A
+                // later key equal to the bar's is past it (its position is greater).
+                let flip = if descending { mask } else { 0 };
+                let mut keys = [0u64; BLOCK];
+                let mut bar = u64::MAX;
+                let mut held = false; // whether `bar` is the key of a k-th least seen so far
+                let mut t0 = 0;
+                while t0 < n {
+                    let m = BLOCK.min(n - t0);
+                    let keys = &mut keys[..m];
+                    block_keys::<T>(keys, sl.stride(), flip, |t| at(t0 + t));
+                    if held && keys.iter().fold(u64::MAX, |a, &x| a.min(x)) >= bar {
+                        t0 += m;
                         continue;
                     }
-                    items.push(it);
-                    if items.len() == 4 * k {
-                        items.select_nth_unstable(k - 1);
-                        items.truncate(k);
-                        bar = Some(items[k - 1]);
+                    for (j, &key) in keys.iter().enumerate() {
+                        if held && key >= bar {
+                            continue;
+                        }
+                        items.push(I::new(key, t0 + j));
+                        if items.len() == 4 * k {
+                            items.select_nth_unstable(k - 1);
+                            items.truncate(k);
+                            bar = items[k - 1].key();
+                            held = true;
+                        }
                     }
+                    t0 += m;
                 }
             } else {
-                items.extend((0..n).map(item));
+                items.extend((0..n).map(|t| {
+                    // SAFETY: under the call's claims, at positions of the checked layouts (see above).
+                    let key = unsafe { T::load(at(t)) }.key();
+                    I::new(if descending { !key & mask } else { key }, t)
+                }));
             }
             order(items, scratch, T::BYTES, k);
             if let (Some(vl), Some(vp)) = (&vl, vp) {
