@@ -25,6 +25,7 @@
 
 pub mod autodiff;
 pub mod ckpt;
+mod fft;
 mod launch;
 pub mod nn;
 mod ops;
@@ -34,6 +35,7 @@ pub mod store;
 mod tensor;
 pub mod testing;
 
+pub use fft::{FftComplex, FftReal};
 pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};
 pub use tensor::{from_f64, normal, splitmix64, uniform, Tensor};
 

@@ -7,14 +7,60 @@
 //! may be strided, broadcast or offset. Kernels are deterministic: the same bits on every run and
 //! any number of threads.
 //!
-//! Operations a library does not build answer `Declined` by default (Fourier transforms and
-//! matrix routines are not built yet in any library). A destination that shares bytes with an
+//! Operations a library does not build answer `Declined` by default (matrix routines are not
+//! built yet in any library). A destination that shares bytes with an
 //! operand the kernel reads at other indices than the result's own is refused as `Overlapping`.
 
 use crate::door::Operand;
 use crate::loads::{Pad, Windows};
 use crate::prog::Prog;
 use crate::Answer;
+
+/// A Fourier transform's direction: along an axis of `n` points, `Forward` is `y[k] = Σ_j x[j]
+/// e^(−2πi jk/n)` and `Inverse` the same sum with `e^(+2πi jk/n)`. Neither divides by `n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// `e^(−2πi jk/n)`.
+    Forward,
+    /// `e^(+2πi jk/n)`.
+    Inverse,
+}
+
+/// Whether `a` and `b` are float or complex dtypes whose parts have one precision: `f32` and
+/// `c64`, or `f64` and `c128` (either with itself or the other) — the pairs a Fourier transform
+/// reads and writes.
+///
+/// # Examples
+/// ```
+/// use nx_kernels::{same_precision, Dtype};
+/// assert!(same_precision(Dtype::F32, Dtype::C64));
+/// assert!(!same_precision(Dtype::F32, Dtype::C128));
+/// assert!(!same_precision(Dtype::F16, Dtype::F16));
+/// ```
+pub fn same_precision(a: crate::Dtype, b: crate::Dtype) -> bool {
+    use crate::Dtype::{C128, C64, F32, F64};
+    let part = |d| match d {
+        F32 | C64 => Some(4),
+        F64 | C128 => Some(8),
+        _ => None,
+    };
+    part(a).is_some() && part(a) == part(b)
+}
+
+/// The points a half spectrum of `n` holds (a real-to-complex transform's last axis): `n/2 + 1`,
+/// and none of none.
+///
+/// # Examples
+/// ```
+/// assert_eq!((nx_kernels::half_spectrum(8), nx_kernels::half_spectrum(9), nx_kernels::half_spectrum(0)), (5, 5, 0));
+/// ```
+pub fn half_spectrum(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        n / 2 + 1
+    }
+}
 
 /// The extreme an [`Reduction::Arg`] finds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -383,8 +429,22 @@ pub trait Kernels {
         Answer::Declined
     }
 
-    /// A Fourier transform along `axes`. Not built yet.
-    fn fft(&self, _axes: &[usize], _inverse: bool, _dst: &dyn Operand, _src: &dyn Operand) -> Answer {
+    /// The discrete Fourier transform of `src` along `axes` (distinct, in any order), one axis
+    /// after another, the last of `axes` first: along an axis of `n` points `y[k] = Σ_j x[j]
+    /// e^(∓2πi jk/n)` (`-` forward, `+` inverse), neither direction dividing by `n`. Three forms,
+    /// read from the dtypes, which must be of [`same_precision`]:
+    /// - complex to complex: `dst` has `src`'s shape;
+    /// - real to complex: the real input read as complex; along the last of `axes`, `dst` holds
+    ///   all `n` outputs or the first `n/2 + 1` (the half spectrum, the rest being their
+    ///   conjugates), whichever its extent says;
+    /// - complex to real: along the last of `axes` (transformed last), `src` holds the first
+    ///   `n/2 + 1` points of a lane of `n` = `dst`'s extent, extended as `x[j] = conj(x[n − j])`
+    ///   past them, and `dst` the real part of that lane's transform (the other axes first,
+    ///   complex to complex).
+    ///
+    /// Every other axis has one extent in both; an axis of no points transforms to none (a half
+    /// spectrum of 0 points has 0). A library states its error bound.
+    fn fft(&self, _direction: Direction, _axes: &[usize], _dst: &dyn Operand, _src: &dyn Operand) -> Answer {
         Answer::Declined
     }
 }

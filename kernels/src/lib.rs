@@ -32,7 +32,10 @@ pub use dtype::policy::{OpClass, Policy, PolicyChange};
 pub use dtype::promote::{binary_result, float_math_input, promoted, result_type, scalar_result, Scalar};
 pub use dtype::{Dtype, Element, Kind, Value};
 pub use host::Host;
-pub use kernels::{attention_refusal, scan_refusal, Attention, Contraction, Extreme, Kernels, Kv, Reduction, Scatter};
+pub use kernels::{
+    attention_refusal, half_spectrum, same_precision, scan_refusal, Attention, Contraction, Direction, Extreme,
+    Kernels, Kv, Reduction, Scatter,
+};
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 pub use lease::Lease;
 pub use loads::{Pad, Windows};

@@ -1,0 +1,45 @@
+"""The peers for `nx bench kernels`' Fourier rows, as JSON on one line: numpy's `np.fft.fft`
+(pocketfft, one thread) and, where torch is importable, `torch.fft.fft` on THREADS threads.
+
+Usage: python benches/peer_fft.py REPEATS THREADS
+Times a transform of 2^20 complex64 points and 1024 transforms of 1024 points (along the rows of
+a 1024 x 1024 complex64 array), standard normal inputs; prints the median seconds of REPEATS runs
+after one warm-up, per case and peer.
+"""
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+repeats, threads = int(sys.argv[1]), int(sys.argv[2])
+
+
+def timed(f):
+    f()
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+rng = np.random.default_rng(0)
+x = (rng.standard_normal(1 << 20) + 1j * rng.standard_normal(1 << 20)).astype(np.complex64)
+y = (rng.standard_normal((1024, 1024)) + 1j * rng.standard_normal((1024, 1024))).astype(np.complex64)
+assert np.fft.fft(x[:8]).dtype == np.complex64, "numpy computes complex64 in its own precision"
+out = {"numpy": np.__version__, "fft": timed(lambda: np.fft.fft(x)), "fft_batched": timed(lambda: np.fft.fft(y, axis=1))}
+try:
+    import torch
+
+    torch.set_num_threads(threads)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    out["torch"] = torch.__version__
+    out["torch_threads"] = torch.get_num_threads()
+    out["torch_fft"] = timed(lambda: torch.fft.fft(tx))
+    out["torch_fft_batched"] = timed(lambda: torch.fft.fft(ty, dim=1))
+except ImportError:
+    pass
+print(json.dumps(out))

@@ -1,0 +1,106 @@
+//! `nx bench kernels`' numeric rows: Fourier transforms (2²⁰ complex f32 points, and 1024
+//! transforms of 1024 along the rows of a 1024 × 1024 array) timed against numpy's `np.fft` and,
+//! where torch is given, `torch.fft` on the same threads (`benches/peer_fft.py`), in rounds of
+//! the peers then nx back to back; `peer_ratio` is the median over rounds of (peer's time) /
+//! (nx's time).
+
+use std::process::Command;
+
+use num_complex::Complex32;
+use nx::kernels::rig::Rig;
+use nx::kernels::{Answer, Array, Direction, Host, Kernels};
+use nx::Device;
+
+use crate::bench::{median, time, Row};
+
+type Error = Box<dyn std::error::Error>;
+
+/// Rounds of the peers and nx back to back.
+const ROUNDS: usize = 3;
+
+/// The cases: the peer's JSON key, the row's name.
+const CASES: [(&str, &str); 2] = [("fft", "fft 2^20 c64"), ("fft_batched", "fft 1024 x 1024 c64 along rows")];
+
+/// The peers' medians, by case; `Err` where they cannot run.
+fn peers(python: &str, repeats: usize) -> Result<serde_json::Value, String> {
+    let out = Command::new(python)
+        .arg("benches/peer_fft.py")
+        .arg(repeats.to_string())
+        .arg(rayon::current_num_threads().to_string())
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{python} benches/peer_fft.py failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("the peers' output: {e}"))
+}
+
+/// The rows (one against numpy per case, one against torch where it ran), and a note naming the
+/// peers (or why there are none). `python` runs the peers' script (`none` skips them).
+pub(crate) fn rows(repeats: usize, python: &str) -> Result<(Vec<Row>, String), Error> {
+    let (host, rig) = (Host::new(), Rig::host(Device::sim(0))?);
+    let z = |seed: u64, k: usize| {
+        Complex32::new(nx::normal(seed, 2 * k as u64) as f32, nx::normal(seed, 2 * k as u64 + 1) as f32)
+    };
+    let x = Array::<Complex32>::from_fn_on(&rig, &[1 << 20], |i| z(21, i[0]))?;
+    let y = Array::<Complex32>::from_fn_on(&rig, &[1024, 1024], |i| z(22, i[0] * 1024 + i[1]))?;
+    let (xo, yo) =
+        (Array::<Complex32>::zeros_on(&rig, &[1 << 20])?, Array::<Complex32>::zeros_on(&rig, &[1024, 1024])?);
+    let ok = |a: Answer| assert_eq!(a, Answer::Done, "a Fourier benchmark's kernel");
+    let mut run: Vec<Box<dyn FnMut()>> = vec![
+        Box::new(|| ok(host.fft(Direction::Forward, &[0], &xo, &x))),
+        Box::new(|| ok(host.fft(Direction::Forward, &[1], &yo, &y))),
+    ];
+    let n = CASES.len();
+    let (mut ours, mut np, mut th) = (vec![Vec::new(); n], vec![Vec::new(); n], vec![Vec::new(); n]);
+    let (mut np_r, mut th_r) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    let mut note = String::new();
+    for round in 0..ROUNDS {
+        let p = if python == "none" { Err("skipped (no Python)".to_string()) } else { peers(python, repeats) };
+        match &p {
+            Ok(v) if round == 0 => {
+                note = format!("numpy {} (one thread)", v["numpy"]);
+                if v.get("torch").is_some() {
+                    note.push_str(&format!(", torch {} on {} threads", v["torch"], v["torch_threads"]));
+                }
+            }
+            Err(e) if round == 0 => note = format!("Fourier peers: {e}"),
+            _ => {}
+        }
+        for (c, f) in run.iter_mut().enumerate() {
+            let s = time(repeats, &mut **f);
+            ours[c].push(s);
+            if let Ok(v) = &p {
+                if let Some(t) = v[CASES[c].0].as_f64() {
+                    np[c].push(t);
+                    np_r[c].push(t / s);
+                }
+                if let Some(t) = v[format!("torch_{}", CASES[c].0)].as_f64() {
+                    th[c].push(t);
+                    th_r[c].push(t / s);
+                }
+            }
+        }
+        if p.is_err() {
+            break; // without a peer one round is the figure
+        }
+    }
+    let mut rows = Vec::new();
+    for c in 0..n {
+        let value = median(ours[c].clone()) * 1e3;
+        let row = |peer: &str, times: &[f64], ratios: &[f64], suffix: &str| Row {
+            name: format!("{}{suffix}", CASES[c].1),
+            value,
+            unit: "ms",
+            peer: (!times.is_empty()).then(|| format!("{peer} {}", CASES[c].0)),
+            peer_value: (!times.is_empty()).then(|| median(times.to_vec()) * 1e3),
+            peer_ratio: (!ratios.is_empty()).then(|| median(ratios.to_vec())),
+            ..Default::default()
+        };
+        rows.push(row("numpy", &np[c], &np_r[c], ""));
+        if !th[c].is_empty() {
+            rows.push(row("torch", &th[c], &th_r[c], " (torch peer)"));
+        }
+    }
+    Ok((rows, note))
+}
