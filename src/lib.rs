@@ -27,6 +27,7 @@ pub mod autodiff;
 pub mod ckpt;
 mod fft;
 mod launch;
+mod linalg;
 pub mod nn;
 mod ops;
 pub mod optim;

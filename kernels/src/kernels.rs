@@ -7,8 +7,8 @@
 //! may be strided, broadcast or offset. Kernels are deterministic: the same bits on every run and
 //! any number of threads.
 //!
-//! Operations a library does not build answer `Declined` by default (matrix routines are not
-//! built yet in any library). A destination that shares bytes with an
+//! Operations a library does not build answer `Declined` by default (of the matrix routines,
+//! QR, SVD and the eigendecompositions are not built yet in any library). A destination that shares bytes with an
 //! operand the kernel reads at other indices than the result's own is refused as `Overlapping`.
 
 use crate::door::Operand;
@@ -60,6 +60,17 @@ pub fn half_spectrum(n: usize) -> usize {
     } else {
         n / 2 + 1
     }
+}
+
+/// Whether the matrix routines take `d`: `f32`, `f64`, `c64` or `c128`.
+///
+/// # Examples
+/// ```
+/// use nx_kernels::{full_precision, Dtype};
+/// assert!(full_precision(Dtype::C64) && !full_precision(Dtype::BF16) && !full_precision(Dtype::I32));
+/// ```
+pub fn full_precision(d: crate::Dtype) -> bool {
+    matches!(d, crate::Dtype::F32 | crate::Dtype::F64 | crate::Dtype::C64 | crate::Dtype::C128)
 }
 
 /// The extreme an [`Reduction::Arg`] finds.
@@ -445,6 +456,38 @@ pub trait Kernels {
     /// Every other axis has one extent in both; an axis of no points transforms to none (a half
     /// spectrum of 0 points has 0). A library states its error bound.
     fn fft(&self, _direction: Direction, _axes: &[usize], _dst: &dyn Operand, _src: &dyn Operand) -> Answer {
+        Answer::Declined
+    }
+
+    /// The Cholesky factor of each matrix of `a` (its last two axes; batch axes before them):
+    /// `l` lower triangular with `a = l·lᴴ`, read from `a`'s lower triangle alone (the upper is
+    /// never read), zeros above the diagonal. A matrix that is not positive definite (a pivot
+    /// not above 0, or NaN) has a factor of NaNs; the others of the batch are unaffected. `l` has
+    /// `a`'s shape and dtype, one of [`full_precision`]'s.
+    fn cholesky(&self, _l: &dyn Operand, _a: &dyn Operand) -> Answer {
+        Answer::Declined
+    }
+
+    /// `x` with `a·x = b` for each triangular matrix of `a` `[batch…, n, n]` (its `lower` or
+    /// upper triangle; with `unit` its diagonal taken as ones, never read; the other triangle
+    /// never read), `b` and `x` `[batch…, n, k]`, one dtype of [`full_precision`]'s. A zero on
+    /// the diagonal gives infinities or NaNs, as the division does.
+    fn solve_triangular(
+        &self,
+        _lower: bool,
+        _unit: bool,
+        _x: &dyn Operand,
+        _a: &dyn Operand,
+        _b: &dyn Operand,
+    ) -> Answer {
+        Answer::Declined
+    }
+
+    /// `x` with `a·x = b` for each square matrix of `a` `[batch…, n, n]`, by LU with partial
+    /// pivoting (rows exchanged for the pivot of greatest magnitude), `b` and `x`
+    /// `[batch…, n, k]`, one dtype of [`full_precision`]'s. A singular matrix (a zero pivot)
+    /// gives infinities or NaNs in its `x`.
+    fn solve(&self, _x: &dyn Operand, _a: &dyn Operand, _b: &dyn Operand) -> Answer {
         Answer::Declined
     }
 }

@@ -33,8 +33,8 @@ pub use dtype::promote::{binary_result, float_math_input, promoted, result_type,
 pub use dtype::{Dtype, Element, Kind, Value};
 pub use host::Host;
 pub use kernels::{
-    attention_refusal, half_spectrum, same_precision, scan_refusal, Attention, Contraction, Direction, Extreme,
-    Kernels, Kv, Reduction, Scatter,
+    attention_refusal, full_precision, half_spectrum, same_precision, scan_refusal, Attention, Contraction, Direction,
+    Extreme, Kernels, Kv, Reduction, Scatter,
 };
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 pub use lease::Lease;

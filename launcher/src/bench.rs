@@ -378,7 +378,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let (indexing, note) = crate::bench_index::rows(n, r, &a.torch)?;
     rows.extend(indexing);
     notes.push(note);
-    // the Fourier peers: numpy (and torch) from the torch environment where given
+    // the numeric rows' peers: numpy (and torch) from the torch environment where given
     let fourier_python = if a.torch != "none" { &a.torch } else { &a.python };
     let (fourier, note) = crate::bench_numeric::rows(r, fourier_python)?;
     rows.extend(fourier);
@@ -422,7 +422,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
         text.push_str("indexing rows against PyTorch on CPU in the same run, same threads: nx x = median over\n");
         text.push_str("        rounds of torch then nx back to back of (torch time) / (nx time)\n");
     }
-    text.push_str("Fourier rows against numpy (one thread) and torch (same threads) in the same run, nx x as above\n");
+    text.push_str("Fourier and Cholesky rows against numpy and torch (same threads) in the same run, nx x as above\n");
     Ok(text.trim_end().to_string())
 }
 

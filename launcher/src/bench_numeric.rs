@@ -1,8 +1,9 @@
 //! `nx bench kernels`' numeric rows: Fourier transforms (2²⁰ complex f32 points, and 1024
-//! transforms of 1024 along the rows of a 1024 × 1024 array) timed against numpy's `np.fft` and,
-//! where torch is given, `torch.fft` on the same threads (`benches/peer_fft.py`), in rounds of
-//! the peers then nx back to back; `peer_ratio` is the median over rounds of (peer's time) /
-//! (nx's time).
+//! transforms of 1024 along the rows of a 1024 × 1024 array) and the Cholesky factor of a
+//! 1024 × 1024 f64 matrix, timed against numpy (`np.fft`, `np.linalg.cholesky`) and, where torch
+//! is given, torch (`torch.fft`, `torch.linalg.cholesky`) on the same threads
+//! (`benches/peer_numeric.py`), in rounds of the peers then nx back to back; `peer_ratio` is the
+//! median over rounds of (peer's time) / (nx's time).
 
 use std::process::Command;
 
@@ -19,18 +20,22 @@ type Error = Box<dyn std::error::Error>;
 const ROUNDS: usize = 3;
 
 /// The cases: the peer's JSON key, the row's name.
-const CASES: [(&str, &str); 2] = [("fft", "fft 2^20 c64"), ("fft_batched", "fft 1024 x 1024 c64 along rows")];
+const CASES: [(&str, &str); 3] =
+    [("fft", "fft 2^20 c64"), ("fft_batched", "fft 1024 x 1024 c64 along rows"), ("cholesky", "cholesky 1024 f64")];
 
 /// The peers' medians, by case; `Err` where they cannot run.
 fn peers(python: &str, repeats: usize) -> Result<serde_json::Value, String> {
     let out = Command::new(python)
-        .arg("benches/peer_fft.py")
+        .arg("benches/peer_numeric.py")
         .arg(repeats.to_string())
         .arg(rayon::current_num_threads().to_string())
         .output()
         .map_err(|e| format!("cannot run {python}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("{python} benches/peer_fft.py failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "{python} benches/peer_numeric.py failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("the peers' output: {e}"))
 }
@@ -46,10 +51,24 @@ pub(crate) fn rows(repeats: usize, python: &str) -> Result<(Vec<Row>, String), E
     let y = Array::<Complex32>::from_fn_on(&rig, &[1024, 1024], |i| z(22, i[0] * 1024 + i[1]))?;
     let (xo, yo) =
         (Array::<Complex32>::zeros_on(&rig, &[1 << 20])?, Array::<Complex32>::zeros_on(&rig, &[1024, 1024])?);
-    let ok = |a: Answer| assert_eq!(a, Answer::Done, "a Fourier benchmark's kernel");
+    // M·Mᵀ + 1024·I: positive definite, as the peers' matrix
+    let m: Vec<f64> = (0..1024 * 1024).map(|k| nx::normal(23, k as u64)).collect();
+    let mut spd = vec![0.0; 1024 * 1024];
+    for i in 0..1024 {
+        for j in 0..=i {
+            let d: f64 = (0..1024).map(|k| m[i * 1024 + k] * m[j * 1024 + k]).sum();
+            let s = d + if i == j { 1024.0 } else { 0.0 };
+            spd[i * 1024 + j] = s;
+            spd[j * 1024 + i] = s;
+        }
+    }
+    let a = Array::<f64>::from_fn_on(&rig, &[1024, 1024], |i| spd[i[0] * 1024 + i[1]])?;
+    let l = Array::<f64>::zeros_on(&rig, &[1024, 1024])?;
+    let ok = |a: Answer| assert_eq!(a, Answer::Done, "a numeric benchmark's kernel");
     let mut run: Vec<Box<dyn FnMut()>> = vec![
         Box::new(|| ok(host.fft(Direction::Forward, &[0], &xo, &x))),
         Box::new(|| ok(host.fft(Direction::Forward, &[1], &yo, &y))),
+        Box::new(|| ok(host.cholesky(&l, &a))),
     ];
     let n = CASES.len();
     let (mut ours, mut np, mut th) = (vec![Vec::new(); n], vec![Vec::new(); n], vec![Vec::new(); n]);
@@ -59,12 +78,12 @@ pub(crate) fn rows(repeats: usize, python: &str) -> Result<(Vec<Row>, String), E
         let p = if python == "none" { Err("skipped (no Python)".to_string()) } else { peers(python, repeats) };
         match &p {
             Ok(v) if round == 0 => {
-                note = format!("numpy {} (one thread)", v["numpy"]);
+                note = format!("numpy {} (its FFT on one thread)", v["numpy"]);
                 if v.get("torch").is_some() {
                     note.push_str(&format!(", torch {} on {} threads", v["torch"], v["torch_threads"]));
                 }
             }
-            Err(e) if round == 0 => note = format!("Fourier peers: {e}"),
+            Err(e) if round == 0 => note = format!("numeric peers: {e}"),
             _ => {}
         }
         for (c, f) in run.iter_mut().enumerate() {

@@ -1,10 +1,12 @@
-"""The peers for `nx bench kernels`' Fourier rows, as JSON on one line: numpy's `np.fft.fft`
-(pocketfft, one thread) and, where torch is importable, `torch.fft.fft` on THREADS threads.
+"""The peers for `nx bench kernels`' numeric rows, as JSON on one line: numpy (`np.fft.fft`,
+pocketfft on one thread; `np.linalg.cholesky`, LAPACK on its BLAS's threads) and, where torch is
+importable, torch (`torch.fft.fft`, `torch.linalg.cholesky`) on THREADS threads.
 
-Usage: python benches/peer_fft.py REPEATS THREADS
-Times a transform of 2^20 complex64 points and 1024 transforms of 1024 points (along the rows of
-a 1024 x 1024 complex64 array), standard normal inputs; prints the median seconds of REPEATS runs
-after one warm-up, per case and peer.
+Usage: python benches/peer_numeric.py REPEATS THREADS
+Times a transform of 2^20 complex64 points, 1024 transforms of 1024 points (along the rows of a
+1024 x 1024 complex64 array), standard normal inputs, and the Cholesky factor of a 1024 x 1024
+f64 positive definite matrix (M M^T + 1024 I); prints the median seconds of REPEATS runs after
+one warm-up, per case and peer.
 """
 import json
 import statistics
@@ -30,7 +32,14 @@ rng = np.random.default_rng(0)
 x = (rng.standard_normal(1 << 20) + 1j * rng.standard_normal(1 << 20)).astype(np.complex64)
 y = (rng.standard_normal((1024, 1024)) + 1j * rng.standard_normal((1024, 1024))).astype(np.complex64)
 assert np.fft.fft(x[:8]).dtype == np.complex64, "numpy computes complex64 in its own precision"
-out = {"numpy": np.__version__, "fft": timed(lambda: np.fft.fft(x)), "fft_batched": timed(lambda: np.fft.fft(y, axis=1))}
+m = rng.standard_normal((1024, 1024))
+spd = m @ m.T + 1024 * np.eye(1024)
+out = {
+    "numpy": np.__version__,
+    "fft": timed(lambda: np.fft.fft(x)),
+    "fft_batched": timed(lambda: np.fft.fft(y, axis=1)),
+    "cholesky": timed(lambda: np.linalg.cholesky(spd)),
+}
 try:
     import torch
 
@@ -40,6 +49,8 @@ try:
     out["torch_threads"] = torch.get_num_threads()
     out["torch_fft"] = timed(lambda: torch.fft.fft(tx))
     out["torch_fft_batched"] = timed(lambda: torch.fft.fft(ty, dim=1))
+    ts = torch.from_numpy(spd)
+    out["torch_cholesky"] = timed(lambda: torch.linalg.cholesky(ts))
 except ImportError:
     pass
 print(json.dumps(out))

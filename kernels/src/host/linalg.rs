@@ -1,0 +1,298 @@
+//! The matrix routines, through `faer`: Cholesky factors, triangular solves and general solves
+//! (LU with partial pivoting) on the last two axes of batched operands. Each matrix is read into
+//! a column-major `faer::Mat` through its layout, factored or solved there, and written out.
+//! Several matrices run one per task, each on one thread; a single matrix runs on the library's
+//! threads (faer splits its products by output blocks, so the bits do not depend on their count).
+
+use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_scratch, LltRegularization};
+use faer::linalg::lu::partial_pivoting::{factor as lu, solve as lu_solve};
+use faer::{Mat, MatMut, Par};
+use num_complex::{Complex32, Complex64};
+use rayon::prelude::*;
+
+use super::eval::Ptr;
+use super::{destinations, through_door};
+use crate::door::Operand;
+use crate::kernels::full_precision;
+use crate::layout::Layout;
+use crate::{Answer, Dtype, Element};
+
+/// A dtype the routines compute in: `f32`, `f64`, `Complex32`, `Complex64`.
+trait Field: faer::traits::ComplexField + Element + Copy + Send + Sync {
+    const NAN: Self;
+    const ZERO: Self;
+}
+
+impl Field for f32 {
+    const NAN: f32 = f32::NAN;
+    const ZERO: f32 = 0.0;
+}
+impl Field for f64 {
+    const NAN: f64 = f64::NAN;
+    const ZERO: f64 = 0.0;
+}
+impl Field for Complex32 {
+    const NAN: Complex32 = Complex32::new(f32::NAN, f32::NAN);
+    const ZERO: Complex32 = Complex32::new(0.0, 0.0);
+}
+impl Field for Complex64 {
+    const NAN: Complex64 = Complex64::new(f64::NAN, f64::NAN);
+    const ZERO: Complex64 = Complex64::new(0.0, 0.0);
+}
+
+/// One operand's matrices: its memory, dtype and layout, the batch flattened in C order.
+#[derive(Clone, Copy)]
+struct Mats<'a> {
+    p: Ptr,
+    size: isize,
+    layout: &'a Layout,
+}
+
+impl Mats<'_> {
+    fn of(o: &dyn Operand) -> Mats<'_> {
+        Mats { p: Ptr::of(o), size: o.dtype().size() as isize, layout: o.layout() }
+    }
+
+    /// The address of element (i, j) of matrix `b`.
+    fn at(&self, b: usize, i: usize, j: usize) -> *mut u8 {
+        let (shape, strides) = (self.layout.shape(), self.layout.strides());
+        let r = shape.len();
+        let mut pos = self.layout.offset() + i as isize * strides[r - 2] + j as isize * strides[r - 1];
+        let mut k = b;
+        for d in (0..r - 2).rev() {
+            pos += (k % shape[d]) as isize * strides[d];
+            k /= shape[d];
+        }
+        self.p.byte(pos * self.size)
+    }
+
+    /// The rows, columns and their strides of the matrices.
+    fn dims(&self) -> (usize, usize, isize, isize) {
+        let (shape, strides) = (self.layout.shape(), self.layout.strides());
+        let r = shape.len();
+        (shape[r - 2], shape[r - 1], strides[r - 2], strides[r - 1])
+    }
+
+    /// Matrix `b` as an owned column-major matrix (faer's copy through the layout's strides).
+    fn read<T: Field>(&self, b: usize) -> Mat<T> {
+        let (m, n, rs, cs) = self.dims();
+        if m == 0 || n == 0 {
+            return Mat::zeros(m, n);
+        }
+        let mut x = Mat::<T>::zeros(m, n);
+        let xs = x.col_stride();
+        let (from, to) = (self.at(b, 0, 0).cast::<T>().cast_const(), x.as_ptr_mut());
+        // SAFETY: under the call's claims; every element read is a position of the checked
+        // layout (the matrix's first element, then its strides within its extents), every one
+        // written an element of `x`.
+        unsafe { blocked_copy(m, n, from, rs, cs, to, 1, xs) };
+        x
+    }
+
+    /// Writes `x` as matrix `b` (a destination's: this task's alone).
+    fn write<T: Field>(&self, b: usize, x: faer::MatRef<'_, T>) {
+        let (m, n, rs, cs) = self.dims();
+        if m == 0 || n == 0 {
+            return;
+        }
+        let (from, to) = (x.as_ptr(), self.at(b, 0, 0).cast::<T>());
+        // SAFETY: under the call's claims; a destination reaches no element twice and matrix `b`
+        // is written by this task alone, at positions of the checked layout; `x` is m × n.
+        unsafe { blocked_copy(m, n, from, x.row_stride(), x.col_stride(), to, rs, cs) };
+    }
+}
+
+/// Copies an m × n matrix between strided layouts in square tiles, so that a transposing copy
+/// (row-major to column-major) reads and writes whole cache lines.
+///
+/// # Safety
+/// Every `from + i·frs + j·fcs` is readable and every `to + i·trs + j·tcs` writable, for i < m
+/// and j < n, and the two do not overlap.
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocked_copy<T: Copy>(
+    m: usize,
+    n: usize,
+    from: *const T,
+    frs: isize,
+    fcs: isize,
+    to: *mut T,
+    trs: isize,
+    tcs: isize,
+) {
+    const TILE: usize = 32;
+    for i0 in (0..m).step_by(TILE) {
+        for j0 in (0..n).step_by(TILE) {
+            for i in i0..(i0 + TILE).min(m) {
+                for j in j0..(j0 + TILE).min(n) {
+                    let (i, j) = (i as isize, j as isize);
+                    // SAFETY: the caller's contract.
+                    unsafe { *to.offset(i * trs + j * tcs) = *from.offset(i * frs + j * fcs) };
+                }
+            }
+        }
+    }
+}
+
+/// The batch axes' extents and the matrices' (rows, columns) of a layout of rank ≥ 2.
+fn split(l: &Layout) -> Option<(&[usize], usize, usize)> {
+    let s = l.shape();
+    (s.len() >= 2).then(|| (&s[..s.len() - 2], s[s.len() - 2], s[s.len() - 1]))
+}
+
+/// Runs `f(b, par)` for every matrix `b` of a batch of `count`: one task each on one thread, or
+/// one matrix on the pool's threads.
+fn each(count: usize, f: impl Fn(usize, Par) + Sync) {
+    if count == 1 {
+        f(0, Par::rayon(rayon::current_num_threads()));
+    } else {
+        (0..count).into_par_iter().for_each(|b| f(b, Par::Seq));
+    }
+}
+
+macro_rules! dispatch {
+    ($d:expr, $go:ident) => {
+        match $d {
+            Dtype::F32 => $go!(f32),
+            Dtype::F64 => $go!(f64),
+            Dtype::C64 => $go!(Complex32),
+            _ => $go!(Complex64),
+        }
+    };
+}
+
+pub(crate) fn cholesky(l: &dyn Operand, a: &dyn Operand) -> Answer {
+    if !full_precision(a.dtype()) || l.dtype() != a.dtype() {
+        return Answer::WrongDtype;
+    }
+    through_door(&[l], &[a], move |w, r, execute| {
+        let (l, a) = (w[0], r[0]);
+        let Some((batch, m, n)) = split(a.layout()) else { return Answer::ShapeMismatch };
+        if m != n || l.layout().shape() != a.layout().shape() {
+            return Answer::ShapeMismatch;
+        }
+        if let Some(x) = destinations(w, r) {
+            return x;
+        }
+        if !execute {
+            return Answer::Done;
+        }
+        let count = batch.iter().product();
+        let (lm, am) = (Mats::of(l), Mats::of(a));
+        macro_rules! go {
+            ($t:ty) => {
+                each(count, |b, par| {
+                    let mut x = am.read::<$t>(b);
+                    let mut mem = MemBuffer::new(cholesky_in_place_scratch::<$t>(n, par, Default::default()));
+                    let reg =
+                        LltRegularization { dynamic_regularization_delta: 0.0, dynamic_regularization_epsilon: 0.0 };
+                    let ok =
+                        cholesky_in_place(x.as_mut(), reg, par, MemStack::new(&mut mem), Default::default()).is_ok();
+                    for j in 0..n {
+                        for i in 0..n {
+                            x[(i, j)] = if !ok {
+                                <$t as Field>::NAN
+                            } else if i < j {
+                                <$t as Field>::ZERO
+                            } else {
+                                x[(i, j)]
+                            };
+                        }
+                    }
+                    lm.write(b, x.as_ref());
+                })
+            };
+        }
+        dispatch!(a.dtype(), go);
+        Answer::Done
+    })
+}
+
+/// The shapes of a solve: `a` `[batch…, n, n]`, `b` and `x` `[batch…, n, k]`.
+fn solve_shapes(x: &Layout, a: &Layout, b: &Layout) -> Option<(usize, usize, usize)> {
+    let (ab, m, n) = split(a)?;
+    let (bb, bn, k) = split(b)?;
+    (m == n && bn == n && ab == bb && x.shape() == b.shape()).then(|| (ab.iter().product(), n, k))
+}
+
+pub(crate) fn solve_triangular(lower: bool, unit: bool, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
+    if !full_precision(a.dtype()) || x.dtype() != a.dtype() || b.dtype() != a.dtype() {
+        return Answer::WrongDtype;
+    }
+    through_door(&[x], &[a, b], move |w, r, execute| {
+        let (x, a, b) = (w[0], r[0], r[1]);
+        let Some((count, _, _)) = solve_shapes(x.layout(), a.layout(), b.layout()) else {
+            return Answer::ShapeMismatch;
+        };
+        if let Some(e) = destinations(w, r) {
+            return e;
+        }
+        if !execute {
+            return Answer::Done;
+        }
+        let (xm, am, bm) = (Mats::of(x), Mats::of(a), Mats::of(b));
+        macro_rules! go {
+            ($t:ty) => {
+                each(count, |i, par| {
+                    let t = am.read::<$t>(i);
+                    let mut rhs = bm.read::<$t>(i);
+                    triangular::<$t>(lower, unit, t.as_ref(), rhs.as_mut(), par);
+                    xm.write(i, rhs.as_ref());
+                })
+            };
+        }
+        dispatch!(a.dtype(), go);
+        Answer::Done
+    })
+}
+
+/// Solves `t·x = rhs` in place for the triangle of `t` that `lower` names (its diagonal taken
+/// as ones where `unit`).
+fn triangular<T: Field>(lower: bool, unit: bool, t: faer::MatRef<'_, T>, rhs: MatMut<'_, T>, par: Par) {
+    use faer::linalg::triangular_solve as ts;
+    match (lower, unit) {
+        (true, false) => ts::solve_lower_triangular_in_place(t, rhs, par),
+        (true, true) => ts::solve_unit_lower_triangular_in_place(t, rhs, par),
+        (false, false) => ts::solve_upper_triangular_in_place(t, rhs, par),
+        (false, true) => ts::solve_unit_upper_triangular_in_place(t, rhs, par),
+    }
+}
+
+pub(crate) fn solve(x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
+    if !full_precision(a.dtype()) || x.dtype() != a.dtype() || b.dtype() != a.dtype() {
+        return Answer::WrongDtype;
+    }
+    through_door(&[x], &[a, b], move |w, r, execute| {
+        let (x, a, b) = (w[0], r[0], r[1]);
+        let Some((count, n, k)) = solve_shapes(x.layout(), a.layout(), b.layout()) else {
+            return Answer::ShapeMismatch;
+        };
+        if let Some(e) = destinations(w, r) {
+            return e;
+        }
+        if !execute {
+            return Answer::Done;
+        }
+        let (xm, am, bm) = (Mats::of(x), Mats::of(a), Mats::of(b));
+        macro_rules! go {
+            ($t:ty) => {
+                each(count, |i, par| {
+                    let mut f = am.read::<$t>(i);
+                    let mut rhs = bm.read::<$t>(i);
+                    let (mut perm, mut inv) = (vec![0usize; n], vec![0usize; n]);
+                    let need = lu::lu_in_place_scratch::<usize, $t>(n, n, par, Default::default())
+                        .or(lu_solve::solve_in_place_scratch::<usize, $t>(n, k, par));
+                    let mut mem = MemBuffer::new(need);
+                    let stack = MemStack::new(&mut mem);
+                    let (_, p) = lu::lu_in_place(f.as_mut(), &mut perm, &mut inv, par, stack, Default::default());
+                    let stack = MemStack::new(&mut mem);
+                    // L below the diagonal (its own diagonal of ones), U on and above
+                    lu_solve::solve_in_place(f.as_ref(), f.as_ref(), p, rhs.as_mut(), par, stack);
+                    xm.write(i, rhs.as_ref());
+                })
+            };
+        }
+        dispatch!(a.dtype(), go);
+        Answer::Done
+    })
+}
