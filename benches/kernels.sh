@@ -12,5 +12,6 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q torch numpy
 fi
+"$venv/bin/python" -c "import threadpoolctl" 2>/dev/null || "$venv/bin/pip" install -q threadpoolctl
 cargo build --release -q -p nx-launcher
 exec target/release/nx bench kernels --torch "$venv/bin/python" "$@"

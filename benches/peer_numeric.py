@@ -1,5 +1,5 @@
 """The peers for `nx bench kernels`' numeric rows, as JSON on one line: numpy (`np.fft.fft`,
-pocketfft on one thread; `np.linalg.cholesky`, LAPACK on its BLAS's threads) and, where torch is
+pocketfft on one thread; `np.linalg.cholesky`, LAPACK on THREADS threads through threadpoolctl) and, where torch is
 importable, torch (`torch.fft.fft`, `torch.linalg.cholesky`) on THREADS threads.
 
 Usage: python benches/peer_numeric.py REPEATS THREADS
@@ -34,6 +34,12 @@ y = (rng.standard_normal((1024, 1024)) + 1j * rng.standard_normal((1024, 1024)))
 assert np.fft.fft(x[:8]).dtype == np.complex64, "numpy computes complex64 in its own precision"
 m = rng.standard_normal((1024, 1024))
 spd = m @ m.T + 1024 * np.eye(1024)
+try:
+    from threadpoolctl import threadpool_limits
+
+    limits = threadpool_limits(threads)  # numpy's LAPACK on THREADS threads, as nx and torch
+except ImportError:
+    limits = None
 out = {
     "numpy": np.__version__,
     "fft": timed(lambda: np.fft.fft(x)),

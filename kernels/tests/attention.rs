@@ -335,3 +335,17 @@ fn long_queries_span_several_blocks_and_key_tiles_under_causal_offsets() {
         assert_eq!((bits(&o2), bits(&l2)), (bits(&o1), bits(&l1)), "offset {off}: 2 threads");
     }
 }
+
+#[test]
+fn a_score_that_overflows_makes_its_row_nan() {
+    // q·k = 2·(1e20)² overflows f32 on row 0 only; row 1 stays finite
+    let (q, k, v) = (vec![1e20f32, 1e20, 1e-3, 1e-3], vec![1e20f32, 1e20, 1.0, 1.0], vec![1.0f32, 2.0, 3.0, 4.0]);
+    let qa = Array::from_vec(DEV, &[1, 1, 2, 2], q).unwrap();
+    let (ka, va) = (Array::from_vec(DEV, &[1, 1, 2, 2], k).unwrap(), Array::from_vec(DEV, &[1, 1, 2, 2], v).unwrap());
+    let (o, lse) = (Array::<f32>::zeros(DEV, &[1, 1, 2, 2]).unwrap(), Array::<f32>::zeros(DEV, &[1, 1, 2]).unwrap());
+    let spec = Attention { scale: 1.0, causal: None, acc: Dtype::F32 };
+    assert_eq!(Host::new().attention(&spec, &o, &lse, &qa, Kv::Dense { k: &ka, v: &va }, None), Answer::Done);
+    let (o, lse) = (o.to_vec().unwrap(), lse.to_vec().unwrap());
+    assert!(lse[0].is_nan() && o[..2].iter().all(|x| x.is_nan()), "row 0: {o:?} {lse:?}");
+    assert!(lse[1].is_finite() && o[2..].iter().all(|x| x.is_finite()), "row 1: {o:?} {lse:?}");
+}

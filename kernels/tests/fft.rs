@@ -186,6 +186,29 @@ fn real_forms_give_the_half_or_full_spectrum_and_back() {
             close(&got, &want, bound(u, &[2, n], &[1], &ext), &format!("to real {n}, {dir:?}"));
         }
     }
+    // complex to real from a flipped, strided view, along one axis and along two (the second
+    // through the kernel's contiguous copy)
+    let (r, n) = (3usize, 10usize);
+    let h = n / 2 + 1;
+    let store: Vec<C> = (0..r * 2 * h).map(|j| C::new(val(j, 20), val(j, 21))).collect();
+    let base = Array::from_vec(DEV, &[r, 2 * h], store).unwrap();
+    let view = base.apply(&Move::Slice { axis: 1, start: Some(0), stop: None, step: 2 }).unwrap().unwrap();
+    let view = view.apply(&Move::Flip(0)).unwrap().unwrap();
+    let hs = view.to_vec().unwrap();
+    let want: Vec<C> =
+        (0..r).flat_map(|q| dft(&extend(&hs[q * h..(q + 1) * h], n), 1.0)).map(|c| C::new(c.re, 0.0)).collect();
+    let got: Vec<C> =
+        run::<C, f64>(&host, Direction::Inverse, &[1], &[r, n], &view).into_iter().map(|v| C::new(v, 0.0)).collect();
+    let ext: Vec<C> = (0..r).flat_map(|q| extend(&hs[q * h..(q + 1) * h], n)).collect();
+    close(&got, &want, bound(u, &[r, n], &[1], &ext), "to real from a strided view");
+    // along [0, 1]: axis 0 complex to complex first, then axis 1 to real
+    let inner = dft_axes(&[r, h], &hs, &[0], 1.0);
+    let want: Vec<C> =
+        (0..r).flat_map(|q| dft(&extend(&inner[q * h..(q + 1) * h], n), 1.0)).map(|c| C::new(c.re, 0.0)).collect();
+    let got: Vec<C> =
+        run::<C, f64>(&host, Direction::Inverse, &[0, 1], &[r, n], &view).into_iter().map(|v| C::new(v, 0.0)).collect();
+    let l1: f64 = hs.iter().map(|c| c.norm()).sum::<f64>() * 2.0;
+    close(&got, &want, 5.0 * u * 8.0 * l1 * r as f64, "to real along two axes from a strided view");
     // several axes: real to half spectrum along [0, 1] (axis 1 first), then back, n·m times x
     let (m, n) = (6usize, 10usize);
     let x: Vec<f32> = (0..m * n).map(|j| val(j, 12) as f32).collect();

@@ -516,6 +516,16 @@ fn integer_sorts_top_k_thread_counts_and_refusals() {
             assert_eq!(p.to_vec().unwrap(), want(d, k), "{threads} threads, descending {d}, k {k}, strided {strided}");
         }
     }
+    // a top-k of booleans from a contiguous lane, some read through a bitcast of bytes that
+    // are neither 0 nor 1 (a boolean reads a byte ≠ 0)
+    let raw: Vec<u8> = (0..2 * 3000).map(|k| if k % 97 == 5 { (k % 7 + 1) as u8 * 2 } else { 0 }).collect();
+    let flags = arr(&[2, 3000], &raw, false).bitcast::<bool>().unwrap().unwrap();
+    let p = Array::<i64>::zeros(DEV, &[2, 5]).unwrap();
+    assert_eq!(Host::new().sort(1, true, None, Some(&p), &flags), Answer::Done);
+    let want: Vec<i64> = (0..2)
+        .flat_map(|r| (0..3000).filter(|t| raw[r * 3000 + t] != 0).take(5).map(|t| t as i64).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(p.to_vec().unwrap(), want, "top-5 of booleans");
     let bytes: Vec<u8> = (0..3000).map(|k| (k * 31 % 251) as u8).collect();
     let v = Array::<u8>::zeros(DEV, &[3000]).unwrap();
     assert_eq!(Host::new().sort(0, false, Some(&v), None, &arr(&[3000], &bytes, false)), Answer::Done);

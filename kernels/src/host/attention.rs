@@ -26,6 +26,8 @@ pub(crate) const KB: usize = 128;
 trait Acc: faer::traits::ComplexField + Copy + Send + Sync + PartialOrd + 'static {
     const ZERO: Self;
     const NEG_INF: Self;
+    const INF: Self;
+    const NAN: Self;
     fn of(x: f64) -> Self;
     fn fexp(self) -> Self;
     fn fln(self) -> Self;
@@ -52,6 +54,8 @@ macro_rules! acc {
         impl Acc for $t {
             const ZERO: Self = 0.0;
             const NEG_INF: Self = <$t>::NEG_INFINITY;
+            const INF: Self = <$t>::INFINITY;
+            const NAN: Self = <$t>::NAN;
             fn of(x: f64) -> Self {
                 x as $t
             }
@@ -410,6 +414,7 @@ fn rows<A: Acc>(spec: &Attention, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: 
         A::read_row(&mut qt, x.q.d, qs, d.dk, |c| x.q.addr(r + c as isize * qs));
     }
     let (mut m, mut l) = (vec![A::NEG_INF; bq], vec![A::ZERO; bq]);
+    let mut poisoned = vec![false; bq];
     let mut acc = vec![A::ZERO; bq * d.dv];
     let mut sc = vec![A::ZERO; bq * KB];
     // the last key a row may see under the causal mask
@@ -446,6 +451,11 @@ fn rows<A: Acc>(spec: &Attention, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: 
             row[seen..].fill(A::ZERO);
             let visible = &mut row[..seen];
             let mx = m[r].fmax(A::max_scaled(visible, s));
+            if mx == A::INF {
+                poisoned[r] = true; // a score overflowed: the row's o and lse are NaN
+                visible.fill(A::ZERO);
+                continue;
+            }
             if mx == A::NEG_INF && !visible.iter().any(|x| x.fmul(s).nan()) {
                 visible.fill(A::ZERO); // nothing visible yet: weights of zero
                 continue;
@@ -470,8 +480,14 @@ fn rows<A: Acc>(spec: &Attention, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: 
     let f32acc = std::mem::size_of::<A>() == 4;
     for r in 0..bq {
         let i = i0 + r;
-        let none = l[r] == A::ZERO;
-        let lse = if none { f64::NEG_INFINITY } else { m[r].fadd(l[r].fln()).to_f64() };
+        let none = l[r] == A::ZERO && !poisoned[r];
+        let lse = if poisoned[r] {
+            f64::NAN
+        } else if none {
+            f64::NEG_INFINITY
+        } else {
+            m[r].fadd(l[r].fln()).to_f64()
+        };
         // SAFETY: o and lse are C-contiguous of the checked shapes; this task writes rows i0..i1
         // of head h at lead b alone.
         unsafe {
@@ -479,7 +495,13 @@ fn rows<A: Acc>(spec: &Attention, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: 
             store(x.lse.d, x.lse.addr(at), lse, f32acc.then_some(lse as f32));
             let ob = x.o.pos(d.lead, b, &[h, i, 0]);
             for c in 0..d.dv {
-                let val = if none { A::ZERO } else { acc[r * d.dv + c].fdiv(l[r]) };
+                let val = if poisoned[r] {
+                    A::NAN
+                } else if none {
+                    A::ZERO
+                } else {
+                    acc[r * d.dv + c].fdiv(l[r])
+                };
                 let v64 = val.to_f64();
                 store(
                     x.o.d,

@@ -9,7 +9,8 @@ const LANES: usize = 16;
 /// `exp(x)` for `f32`, branch-free so that a row's loop vectorizes: `x = n ln 2 + r` (`n` the
 /// integer nearest `x / ln 2`, `ln 2` in two parts), Cephes' degree-6 polynomial on `r`, scaled
 /// by `2ⁿ` exactly (as two powers of two, each normal); within 2 ulps of `exp` where the result
-/// is normal, +0 below −87.33 (where it would be subnormal), +∞ above 88.72, NaN for NaN. Fused
+/// is normal, +0 below −87.33 (the result turns subnormal below −87.34), +∞ above 88.72, NaN
+/// for NaN. Fused
 /// multiply-adds where written (`mul_add`), so the same bits whatever the CPU: the vector loops
 /// compute the same operations.
 #[inline(always)]
@@ -429,17 +430,17 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             {
                 let mut paths: Vec<(f32, f32, Vec<f32>)> = Vec::new();
-                if std::arch::is_x86_feature_detected!("avx2") {
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                     let mut a = row.clone();
-                    // SAFETY: the CPU has AVX2.
+                    // SAFETY: the CPU has AVX2 and FMA.
                     let m = unsafe { simd256::max_scaled(&a, s) };
                     // SAFETY: as above.
                     let sum = unsafe { simd256::exp_row(&mut a, s, m) };
                     paths.push((m, sum, a));
                 }
-                if std::arch::is_x86_feature_detected!("avx512f") {
+                if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
                     let mut a = row.clone();
-                    // SAFETY: the CPU has AVX-512F.
+                    // SAFETY: the CPU has AVX-512F and FMA.
                     let m = unsafe { simd512::max_scaled(&a, s) };
                     // SAFETY: as above.
                     let sum = unsafe { simd512::exp_row(&mut a, s, m) };

@@ -107,7 +107,8 @@ pub(crate) fn fft(
             Form::FromReal => ds[d] == ss[d] || ds[d] == half_spectrum(ss[d]),
             Form::ToReal => ss[d] == half_spectrum(ds[d]),
         });
-        if !fits {
+        // complex to real along several axes works in a C-contiguous copy of the input
+        if !fits || (form == Form::ToReal && axes.len() > 1 && Layout::contiguous(ss).is_err()) {
             return Answer::ShapeMismatch;
         }
         if let Some(a) = destinations(w, r) {
@@ -260,7 +261,7 @@ where
             let (layout, p) = if rest.is_empty() {
                 (src.layout().clone(), s.p)
             } else {
-                // the input's own shape, checked when the input's layout was
+                // checked under the door before the call ran
                 let Ok(layout) = Layout::contiguous(&shape) else { return };
                 copy.resize(layout.numel(), zero);
                 let cl = Lanes::points(src.layout());

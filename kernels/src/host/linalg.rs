@@ -74,19 +74,24 @@ impl Mats<'_> {
         (shape[r - 2], shape[r - 1], strides[r - 2], strides[r - 1])
     }
 
-    /// Matrix `b` as an owned column-major matrix (faer's copy through the layout's strides).
+    /// Matrix `b` as an owned column-major matrix, read in tiles through the layout's strides.
     fn read<T: Field>(&self, b: usize) -> Mat<T> {
+        self.read_part(b, Part::All)
+    }
+
+    /// The `part` of matrix `b` (zeros elsewhere, never read).
+    fn read_part<T: Field>(&self, b: usize, part: Part) -> Mat<T> {
         let (m, n, rs, cs) = self.dims();
-        if m == 0 || n == 0 {
-            return Mat::zeros(m, n);
-        }
         let mut x = Mat::<T>::zeros(m, n);
+        if m == 0 || n == 0 {
+            return x;
+        }
         let xs = x.col_stride();
         let (from, to) = (self.at(b, 0, 0).cast::<T>().cast_const(), x.as_ptr_mut());
         // SAFETY: under the call's claims; every element read is a position of the checked
         // layout (the matrix's first element, then its strides within its extents), every one
         // written an element of `x`.
-        unsafe { blocked_copy(m, n, from, rs, cs, to, 1, xs) };
+        unsafe { blocked_copy(m, n, part, from, rs, cs, to, 1, xs) };
         x
     }
 
@@ -99,12 +104,36 @@ impl Mats<'_> {
         let (from, to) = (x.as_ptr(), self.at(b, 0, 0).cast::<T>());
         // SAFETY: under the call's claims; a destination reaches no element twice and matrix `b`
         // is written by this task alone, at positions of the checked layout; `x` is m × n.
-        unsafe { blocked_copy(m, n, from, x.row_stride(), x.col_stride(), to, rs, cs) };
+        unsafe { blocked_copy(m, n, Part::All, from, x.row_stride(), x.col_stride(), to, rs, cs) };
     }
 }
 
-/// Copies an m × n matrix between strided layouts in square tiles, so that a transposing copy
-/// (row-major to column-major) reads and writes whole cache lines.
+/// The elements of a matrix a routine reads: all, or a triangle with or without its diagonal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    All,
+    /// `i ≥ j` (with the diagonal) or `i > j`.
+    Lower {
+        diagonal: bool,
+    },
+    /// `i ≤ j` (with the diagonal) or `i < j`.
+    Upper {
+        diagonal: bool,
+    },
+}
+
+impl Part {
+    fn has(self, i: usize, j: usize) -> bool {
+        match self {
+            Part::All => true,
+            Part::Lower { diagonal } => i > j || (diagonal && i == j),
+            Part::Upper { diagonal } => i < j || (diagonal && i == j),
+        }
+    }
+}
+
+/// Copies the `part` of an m × n matrix between strided layouts in square tiles, so that a
+/// transposing copy (row-major to column-major) reads and writes whole cache lines.
 ///
 /// # Safety
 /// Every `from + i·frs + j·fcs` is readable and every `to + i·trs + j·tcs` writable, for i < m
@@ -113,6 +142,7 @@ impl Mats<'_> {
 unsafe fn blocked_copy<T: Copy>(
     m: usize,
     n: usize,
+    part: Part,
     from: *const T,
     frs: isize,
     fcs: isize,
@@ -125,6 +155,9 @@ unsafe fn blocked_copy<T: Copy>(
         for j0 in (0..n).step_by(TILE) {
             for i in i0..(i0 + TILE).min(m) {
                 for j in j0..(j0 + TILE).min(n) {
+                    if !part.has(i, j) {
+                        continue;
+                    }
                     let (i, j) = (i as isize, j as isize);
                     // SAFETY: the caller's contract.
                     unsafe { *to.offset(i * trs + j * tcs) = *from.offset(i * frs + j * fcs) };
@@ -182,7 +215,7 @@ pub(crate) fn cholesky(l: &dyn Operand, a: &dyn Operand) -> Answer {
         macro_rules! go {
             ($t:ty) => {
                 each(count, |b, par| {
-                    let mut x = am.read::<$t>(b);
+                    let mut x = am.read_part::<$t>(b, Part::Lower { diagonal: true });
                     let mut mem = MemBuffer::new(cholesky_in_place_scratch::<$t>(n, par, Default::default()));
                     let reg =
                         LltRegularization { dynamic_regularization_delta: 0.0, dynamic_regularization_epsilon: 0.0 };
@@ -234,7 +267,8 @@ pub(crate) fn solve_triangular(lower: bool, unit: bool, x: &dyn Operand, a: &dyn
         macro_rules! go {
             ($t:ty) => {
                 each(count, |i, par| {
-                    let t = am.read::<$t>(i);
+                    let part = if lower { Part::Lower { diagonal: !unit } } else { Part::Upper { diagonal: !unit } };
+                    let t = am.read_part::<$t>(i, part);
                     let mut rhs = bm.read::<$t>(i);
                     triangular::<$t>(lower, unit, t.as_ref(), rhs.as_mut(), par);
                     xm.write(i, rhs.as_ref());

@@ -79,12 +79,13 @@
 //!   (one thread), the causal mask, then per row the running maximum m, `l = l·e^(m_old − m) +
 //!   Σ e^(S − m)` and `O = O·e^(m_old − m) + P V`; at the end `o = O / l`, `lse = m + ln l`.
 //!   `e^(S − m)` is one fused `s·(q·k) − m`, then an `exp` within 2 ulps (Cephes' polynomial),
-//!   summed in 16 lanes; every CPU computes the same bits. Tiles past every row's causal mask
+//!   summed in 16 lanes, the same bits on every CPU (the tile products are faer's, whose kernels
+//!   follow the CPU). A score that overflows to +∞ makes its row's `o` and `lse` NaN. Tiles past every row's causal mask
 //!   are skipped, and rows before a tile's first visible key left out of its products. Scores
 //!   are never held beyond a tile. A NaN
 //!   or infinity in a key or value past a row's length, or on a hole of the table, is never read;
-//!   one in a value the causal mask hides but a tile shares with a visible key reaches `o` (its
-//!   weight is 0, and 0 × NaN is NaN).
+//!   one in a value the causal mask hides from a row, in a tile holding a key visible to that
+//!   row, reaches its `o` (its weight is 0, and 0 × NaN is NaN).
 //! - **Fourier transforms** run through `rustfft`, one axis after another (the last of `axes`
 //!   first; complex to real: the others first, then the last): each lane is read into a buffer,
 //!   transformed in place by the plan of its length (cached in the library, shared by its clones)

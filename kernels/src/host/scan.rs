@@ -240,8 +240,15 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
                 }
             }
         };
-        // the totals of blocks 0..blocks − 1 (each whole), in groups of WAYS, then one by one
-        let groups = (blocks - 1) / WAYS;
+        if blocks == 1 {
+            results(0, c0);
+            return;
+        }
+        // the totals of blocks 0..blocks − 1 (each whole), in groups of WAYS, then one by one;
+        // a lane split over the threads runs groups only where they keep every thread busy
+        let threads = rayon::current_num_threads();
+        let grouped = |g: usize| if split && g < threads { 0 } else { g };
+        let groups = grouped((blocks - 1) / WAYS);
         let totals: Vec<T::C> = if split {
             let mut t: Vec<T::C> = (0..groups).into_par_iter().flat_map_iter(|g| totals_of(g * WAYS)).collect();
             t.par_extend((groups * WAYS..blocks - 1).into_par_iter().map(total));
@@ -264,7 +271,7 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
         }
         // results of whole blocks in groups of WAYS, the rest (the last, maybe short) one by one
         let whole = n / BLOCK;
-        let groups = whole / WAYS;
+        let groups = grouped(whole / WAYS);
         if split {
             (0..groups).into_par_iter().for_each(|g| results_of(g * WAYS, &before[g * WAYS..]));
             (groups * WAYS..blocks).into_par_iter().for_each(|b| results(b, before[b]));

@@ -96,9 +96,11 @@ const BLOCK: usize = 64;
 /// registers where the CPU has AVX2.
 #[inline(always)]
 fn block_keys<T: Key>(keys: &mut [u64], stride: isize, flip: u64, at: impl Fn(usize) -> *const u8) {
-    if stride == 1 && !keys.is_empty() {
+    // booleans are read as bytes (`Element::load`): a byte of a bitcast array may be neither
+    // 0 nor 1, so never through a `&[bool]`
+    if stride == 1 && !keys.is_empty() && T::DTYPE != crate::Dtype::Bool {
         // SAFETY: the caller's elements: `keys.len()` of them from `at(0)`, contiguous and
-        // aligned (a checked layout's), under the call's claims.
+        // aligned (a checked layout's), under the call's claims; every bit pattern is a `T`.
         let xs = unsafe { std::slice::from_raw_parts(at(0).cast::<T>(), keys.len()) };
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
