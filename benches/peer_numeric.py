@@ -1,12 +1,13 @@
 """The peers for `nx bench kernels`' numeric rows, as JSON on one line: numpy (`np.fft.fft`,
-pocketfft on one thread; `np.linalg.cholesky`, LAPACK on THREADS threads through threadpoolctl) and, where torch is
-importable, torch (`torch.fft.fft`, `torch.linalg.cholesky`) on THREADS threads.
+pocketfft on one thread; `np.linalg.cholesky` and `svd`, LAPACK on THREADS threads through
+threadpoolctl) and, where torch is importable, torch (`torch.fft.fft`, `torch.linalg.cholesky`,
+`torch.linalg.svd`) on THREADS threads.
 
 Usage: python benches/peer_numeric.py REPEATS THREADS
 Times a transform of 2^20 complex64 points, 1024 transforms of 1024 points (along the rows of a
-1024 x 1024 complex64 array), standard normal inputs, and the Cholesky factor of a 1024 x 1024
-f64 positive definite matrix (M M^T + 1024 I); prints the median seconds of REPEATS runs after
-one warm-up, per case and peer.
+1024 x 1024 complex64 array), standard normal inputs, the Cholesky factor of a 1024 x 1024 f64
+positive definite matrix (M M^T + 1024 I) and the SVD (values and vectors) of M; prints the
+median seconds of REPEATS runs after one warm-up, per case and peer.
 """
 import json
 import statistics
@@ -45,6 +46,7 @@ out = {
     "fft": timed(lambda: np.fft.fft(x)),
     "fft_batched": timed(lambda: np.fft.fft(y, axis=1)),
     "cholesky": timed(lambda: np.linalg.cholesky(spd)),
+    "svd": timed(lambda: np.linalg.svd(m)),
 }
 try:
     import torch
@@ -57,6 +59,8 @@ try:
     out["torch_fft_batched"] = timed(lambda: torch.fft.fft(ty, dim=1))
     ts = torch.from_numpy(spd)
     out["torch_cholesky"] = timed(lambda: torch.linalg.cholesky(ts))
+    tm = torch.from_numpy(m)
+    out["torch_svd"] = timed(lambda: torch.linalg.svd(tm))
 except ImportError:
     pass
 print(json.dumps(out))

@@ -8,7 +8,7 @@
 //! any number of threads.
 //!
 //! Operations a library does not build answer `Declined` by default (of the matrix routines,
-//! QR, SVD and the eigendecompositions are not built yet in any library). A destination that shares bytes with an
+//! the general eigendecomposition is not built yet in any library). A destination that shares bytes with an
 //! operand the kernel reads at other indices than the result's own is refused as `Overlapping`.
 
 use crate::door::Operand;
@@ -488,6 +488,35 @@ pub trait Kernels {
     /// `[batch…, n, k]`, one dtype of [`full_precision`]'s. A singular matrix (a zero pivot)
     /// gives infinities or NaNs in its `x`.
     fn solve(&self, _x: &dyn Operand, _a: &dyn Operand, _b: &dyn Operand) -> Answer {
+        Answer::Declined
+    }
+
+    /// The QR factors of each matrix of `a` `[batch…, m, n]` (k = min(m, n)) by Householder
+    /// reflections: `a = q·r`, `q` with orthonormal columns, `r` upper triangular (trapezoidal).
+    /// Reduced (`q` `[batch…, m, k]`, `r` `[batch…, k, n]`) or complete (`q` `[batch…, m, m]`,
+    /// `r` `[batch…, m, n]`, its rows past k zero), read from `q`'s shape. The factors are
+    /// unique only up to a unit factor per column of `q` and row of `r`: the signs are those the
+    /// reflections leave (`r`'s diagonal may be negative). One dtype of [`full_precision`]'s.
+    fn qr(&self, _q: &dyn Operand, _r: &dyn Operand, _a: &dyn Operand) -> Answer {
+        Answer::Declined
+    }
+
+    /// The singular values `s` `[batch…, k]` (the real dtype of `a`'s parts, descending) of each
+    /// matrix of `a` `[batch…, m, n]`, and with `u` and `vh` the vectors: `a = u·diag(s)·vh`,
+    /// reduced (`u` `[batch…, m, k]`, `vh` `[batch…, k, n]`) or complete (`u` `[batch…, m, m]`,
+    /// `vh` `[batch…, n, n]`), read from their shapes; both or neither. Vectors of a simple
+    /// value are unique up to a unit factor, of a repeated one up to a unitary basis of its
+    /// space. A matrix the iteration does not converge on gets NaNs.
+    fn svd(&self, _u: Option<&dyn Operand>, _s: &dyn Operand, _vh: Option<&dyn Operand>, _a: &dyn Operand) -> Answer {
+        Answer::Declined
+    }
+
+    /// The eigenvalues `w` `[batch…, n]` (the real dtype of `a`'s parts, ascending) of each
+    /// Hermitian matrix of `a` `[batch…, n, n]`, read from its lower triangle alone, and with
+    /// `v` (`a`'s shape) the orthonormal eigenvectors as its columns: `a·v = v·diag(w)`. Vectors
+    /// are unique as [`Kernels::svd`]'s are. A matrix the iteration does not converge on gets
+    /// NaNs.
+    fn eigh(&self, _w: &dyn Operand, _v: Option<&dyn Operand>, _a: &dyn Operand) -> Answer {
         Answer::Declined
     }
 }

@@ -462,3 +462,294 @@ fn matrix_routines_refuse_what_does_not_fit() {
     assert_eq!(host.cholesky(&l, &l), Answer::Overlapping);
     assert_eq!(host.cholesky(&l, &sq), Answer::Done);
 }
+
+/// The eigenvalues of a real symmetric n × n matrix by cyclic Jacobi rotations in f64,
+/// ascending.
+fn jacobi_eigenvalues(a: &[f64], n: usize) -> Vec<f64> {
+    let mut a = a.to_vec();
+    for _sweep in 0..100 {
+        let off: f64 = (0..n)
+            .flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j)))
+            .map(|(i, j)| a[i * n + j].powi(2))
+            .sum();
+        if off < 1e-30 {
+            break;
+        }
+        for p in 0..n {
+            for q in p + 1..n {
+                if a[p * n + q].abs() < 1e-300 {
+                    continue;
+                }
+                let theta = (a[q * n + q] - a[p * n + p]) / (2.0 * a[p * n + q]);
+                let t = theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt());
+                let t = if theta == 0.0 { 1.0 } else { t };
+                let (c, s) = (1.0 / (t * t + 1.0).sqrt(), t / (t * t + 1.0).sqrt());
+                for k in 0..n {
+                    let (akp, akq) = (a[k * n + p], a[k * n + q]);
+                    a[k * n + p] = c * akp - s * akq;
+                    a[k * n + q] = s * akp + c * akq;
+                }
+                for k in 0..n {
+                    let (apk, aqk) = (a[p * n + k], a[q * n + k]);
+                    a[p * n + k] = c * apk - s * aqk;
+                    a[q * n + k] = s * apk + c * aqk;
+                }
+            }
+        }
+    }
+    let mut w: Vec<f64> = (0..n).map(|i| a[i * n + i]).collect();
+    w.sort_by(f64::total_cmp);
+    w
+}
+
+/// The real symmetric 2n × 2n embedding [[Re, −Im], [Im, Re]] of a Hermitian n × n matrix: its
+/// eigenvalues are the matrix's, each twice.
+fn embed(h: &[C], n: usize) -> Vec<f64> {
+    let m = 2 * n;
+    let mut e = vec![0.0; m * m];
+    for i in 0..n {
+        for j in 0..n {
+            let z = h[i * n + j];
+            e[i * m + j] = z.re;
+            e[i * m + n + j] = -z.im;
+            e[(n + i) * m + j] = z.im;
+            e[(n + i) * m + n + j] = z.re;
+        }
+    }
+    e
+}
+
+/// The product of an m × p and a p × n complex matrix (C order).
+fn mul(a: &[C], b: &[C], m: usize, p: usize, n: usize) -> Vec<C> {
+    (0..m * n).map(|q| (0..p).map(|k| a[(q / n) * p + k] * b[k * n + q % n]).sum()).collect()
+}
+
+fn adjoint(a: &[C], m: usize, n: usize) -> Vec<C> {
+    (0..n * m).map(|q| a[(q % m) * n + q / m].conj()).collect()
+}
+
+/// Checks `x` within `eps` of `y`, elementwise in modulus.
+fn near(x: &[C], y: &[C], eps: f64, what: &str) {
+    assert_eq!(x.len(), y.len(), "{what}");
+    for (k, (a, b)) in x.iter().zip(y).enumerate() {
+        assert!((a - b).norm() <= eps, "{what}: at {k}: {a} against {b} (ε {eps})");
+    }
+}
+
+fn identity(n: usize) -> Vec<C> {
+    (0..n * n).map(|q| C::new(if q / n == q % n { 1.0 } else { 0.0 }, 0.0)).collect()
+}
+
+fn decompositions_case<T: Real2>(host: &Host, batch: usize, m: usize, n: usize) {
+    let what = format!("{} batch {batch}, {m} × {n}", std::any::type_name::<T>());
+    let k = m.min(n);
+    let a: Vec<C> = (0..batch * m * n).map(|q| C::new(val(q, 30), if T::COMPLEX { val(q, 31) } else { 0.0 })).collect();
+    let aa = arr::<T>(&[batch, m, n], &a);
+    let a = wide(&aa);
+    let eps =
+        40.0 * (m + n + 2) as f64 * T::U * (1.0 + a.iter().map(|c| c.norm()).fold(0.0, f64::max) * (m.max(n) as f64));
+    // qr, reduced and complete
+    for complete in [false, true] {
+        let qc = if complete { m } else { k };
+        let (q, r) =
+            (Array::<T>::zeros(DEV, &[batch, m, qc]).unwrap(), Array::<T>::zeros(DEV, &[batch, qc, n]).unwrap());
+        assert_eq!(host.qr(&q, &r, &aa), Answer::Done, "{what}: qr");
+        let (q, r) = (wide(&q), wide(&r));
+        for b in 0..batch {
+            let (qb, rb, ab) =
+                (&q[b * m * qc..(b + 1) * m * qc], &r[b * qc * n..(b + 1) * qc * n], &a[b * m * n..(b + 1) * m * n]);
+            near(&mul(qb, rb, m, qc, n), ab, eps, &format!("{what}: q·r (complete {complete})"));
+            near(&mul(&adjoint(qb, m, qc), qb, qc, m, qc), &identity(qc), eps, &format!("{what}: qᴴq"));
+            assert!((0..qc * n).all(|x| x / n <= x % n || rb[x] == C::new(0.0, 0.0)), "{what}: r upper");
+        }
+    }
+    // svd: values against the eigenvalues of aᴴa (their square roots), and the reconstruction
+    let s = Array::<T::Real>::zeros(DEV, &[batch, k]).unwrap();
+    assert_eq!(host.svd(None, &s, None, &aa), Answer::Done, "{what}: singular values");
+    let sv: Vec<f64> = s.to_vec().unwrap().into_iter().map(|x| x.wide().re).collect();
+    for complete in [false, true] {
+        let (uc, vr) = if complete { (m, n) } else { (k, k) };
+        let (u, s2, vh) = (
+            Array::<T>::zeros(DEV, &[batch, m, uc]).unwrap(),
+            Array::<T::Real>::zeros(DEV, &[batch, k]).unwrap(),
+            Array::<T>::zeros(DEV, &[batch, vr, n]).unwrap(),
+        );
+        assert_eq!(host.svd(Some(&u), &s2, Some(&vh), &aa), Answer::Done, "{what}: svd");
+        let (u, vh) = (wide(&u), wide(&vh));
+        let s2: Vec<f64> = s2.to_vec().unwrap().into_iter().map(|x| x.wide().re).collect();
+        for b in 0..batch {
+            let sb = &s2[b * k..(b + 1) * k];
+            assert!(sb.windows(2).all(|w| w[0] >= w[1]) && sb.iter().all(|&x| x >= 0.0), "{what}: descending {sb:?}");
+            for (x, y) in sb.iter().zip(&sv[b * k..(b + 1) * k]) {
+                assert!((x - y).abs() <= eps, "{what}: values with and without vectors");
+            }
+            let ab = &a[b * m * n..(b + 1) * m * n];
+            // the eigenvalues of aᴴa (n × n; k of them are σ², the rest 0)
+            let ata = mul(&adjoint(ab, m, n), ab, n, m, n);
+            let mut ev = jacobi_eigenvalues(&embed(&ata, n), 2 * n);
+            ev.reverse();
+            for i in 0..k {
+                let want = ev[2 * i].max(0.0).sqrt();
+                assert!((sb[i] - want).abs() <= eps, "{what}: σ{i} = {} against {want}", sb[i]);
+            }
+            let mut us = u[b * m * uc..(b + 1) * m * uc].to_vec();
+            for i in 0..m {
+                for j in 0..uc {
+                    us[i * uc + j] *= if j < k { sb[j] } else { 0.0 };
+                }
+            }
+            let vb = &vh[b * vr * n..(b + 1) * vr * n];
+            // with complete factors the columns of u past k meet rows of vh past k: zeros of Σ
+            let (us, vb): (Vec<C>, Vec<C>) = if complete {
+                ((0..m * k).map(|q| us[(q / k) * uc + q % k]).collect(), vb[..k * n].to_vec())
+            } else {
+                (us, vb.to_vec())
+            };
+            near(&mul(&us, &vb, m, k, n), ab, eps, &format!("{what}: u·Σ·vh (complete {complete})"));
+            let ub = &u[b * m * uc..(b + 1) * m * uc];
+            near(&mul(&adjoint(ub, m, uc), ub, uc, m, uc), &identity(uc), eps, &format!("{what}: uᴴu"));
+            let vfull = &vh[b * vr * n..(b + 1) * vr * n];
+            near(&mul(vfull, &adjoint(vfull, vr, n), vr, n, vr), &identity(vr), eps, &format!("{what}: vh·vhᴴ"));
+        }
+    }
+    // eigh of the Hermitian a·aᴴ + its lower triangle only (the upper NaN, never read)
+    let h: Vec<C> = (0..batch)
+        .flat_map(|b| mul(&a[b * m * n..(b + 1) * m * n], &adjoint(&a[b * m * n..(b + 1) * m * n], m, n), m, n, m))
+        .collect();
+    let stored: Vec<C> = h
+        .iter()
+        .enumerate()
+        .map(|(q, &z)| if (q % (m * m)) % m > (q % (m * m)) / m { C::new(f64::NAN, f64::NAN) } else { z })
+        .collect();
+    let ha = arr::<T>(&[batch, m, m], &stored);
+    let h = wide(&ha); // the values the kernel reads (the lower triangle, as rounded)
+    let (w, v) = (Array::<T::Real>::zeros(DEV, &[batch, m]).unwrap(), Array::<T>::zeros(DEV, &[batch, m, m]).unwrap());
+    assert_eq!(host.eigh(&w, Some(&v), &ha), Answer::Done, "{what}: eigh");
+    let (w, v): (Vec<f64>, Vec<C>) = (w.to_vec().unwrap().into_iter().map(|x| x.wide().re).collect(), wide(&v));
+    let heps = eps * (1.0 + n as f64);
+    for b in 0..batch {
+        let mut hb = vec![C::new(0.0, 0.0); m * m];
+        for i in 0..m {
+            for j in 0..=i {
+                hb[i * m + j] = h[b * m * m + i * m + j];
+                hb[j * m + i] = h[b * m * m + i * m + j].conj();
+            }
+        }
+        let want = jacobi_eigenvalues(&embed(&hb, m), 2 * m);
+        let wb = &w[b * m..(b + 1) * m];
+        for i in 0..m {
+            assert!((wb[i] - want[2 * i]).abs() <= heps, "{what}: λ{i} = {} against {}", wb[i], want[2 * i]);
+        }
+        let vb = &v[b * m * m..(b + 1) * m * m];
+        let mut vw = vb.to_vec();
+        for i in 0..m {
+            for j in 0..m {
+                vw[i * m + j] *= wb[j];
+            }
+        }
+        near(&mul(&hb, vb, m, m, m), &vw, heps, &format!("{what}: h·v = v·diag(w)"));
+        near(&mul(&adjoint(vb, m, m), vb, m, m, m), &identity(m), eps, &format!("{what}: vᴴv"));
+    }
+}
+
+trait Real2: Num {
+    type Real: Num;
+}
+impl Real2 for f32 {
+    type Real = f32;
+}
+impl Real2 for f64 {
+    type Real = f64;
+}
+impl Real2 for Complex32 {
+    type Real = f32;
+}
+impl Real2 for Complex64 {
+    type Real = f64;
+}
+
+#[test]
+fn qr_svd_and_eigh_reconstruct_their_matrices_and_match_jacobi_eigenvalues() {
+    let host = Host::new();
+    for (batch, m, n) in [(1, 0, 3), (2, 1, 1), (2, 5, 3), (1, 3, 6), (1, 40, 25), (1, 70, 70)] {
+        decompositions_case::<f32>(&host, batch, m, n);
+        decompositions_case::<f64>(&host, batch, m, n);
+        decompositions_case::<Complex32>(&host, batch, m, n);
+        decompositions_case::<Complex64>(&host, batch, m, n);
+    }
+}
+
+#[test]
+fn decompositions_give_the_same_bits_on_any_thread_count_and_refuse_what_does_not_fit() {
+    let (m, n) = (150, 120);
+    let a: Vec<C> = (0..m * n).map(|q| C::new(val(q, 40), 0.0)).collect();
+    let aa = arr::<f64>(&[m, n], &a);
+    let h: Vec<C> = mul(&a, &adjoint(&a, m, n), m, n, m);
+    let ha = arr::<f64>(&[m, m], &h);
+    let run = |t: usize| {
+        let host = Host::with_threads(t).unwrap();
+        let (q, r) = (Array::<f64>::zeros(DEV, &[m, n]).unwrap(), Array::<f64>::zeros(DEV, &[n, n]).unwrap());
+        assert_eq!(host.qr(&q, &r, &aa), Answer::Done);
+        let (u, s, vh) = (
+            Array::<f64>::zeros(DEV, &[m, n]).unwrap(),
+            Array::<f64>::zeros(DEV, &[n]).unwrap(),
+            Array::<f64>::zeros(DEV, &[n, n]).unwrap(),
+        );
+        assert_eq!(host.svd(Some(&u), &s, Some(&vh), &aa), Answer::Done);
+        let (w, v) = (Array::<f64>::zeros(DEV, &[m]).unwrap(), Array::<f64>::zeros(DEV, &[m, m]).unwrap());
+        assert_eq!(host.eigh(&w, Some(&v), &ha), Answer::Done);
+        [q, r, u, s, vh, w, v].iter().flat_map(|x| x.to_vec().unwrap()).map(f64::to_bits).collect::<Vec<_>>()
+    };
+    let one = run(1);
+    for t in [2, 8] {
+        let other = run(t);
+        let first = (0..one.len()).find(|&i| one[i] != other[i]);
+        assert_eq!(first, None, "{t} threads: first differing element of q, r, u, s, vh, w, v");
+    }
+    // refusals
+    let host = Host::new();
+    let a = Array::<f64>::zeros(DEV, &[4, 3]).unwrap();
+    let z = |s: &[usize]| Array::<f64>::zeros(DEV, s).unwrap();
+    assert_eq!(host.qr(&z(&[4, 2]), &z(&[2, 3]), &a), Answer::ShapeMismatch, "q neither reduced nor complete");
+    assert_eq!(host.qr(&z(&[4, 3]), &z(&[4, 3]), &a), Answer::ShapeMismatch, "r of the other form");
+    assert_eq!(host.qr(&Array::<f32>::zeros(DEV, &[4, 3]).unwrap(), &z(&[3, 3]), &a), Answer::WrongDtype);
+    assert_eq!(host.svd(None, &z(&[4]), None, &a), Answer::ShapeMismatch, "k values");
+    assert_eq!(host.svd(Some(&z(&[4, 3])), &z(&[3]), None, &a), Answer::ShapeMismatch, "u without vh");
+    assert_eq!(
+        host.svd(Some(&z(&[4, 4])), &z(&[3]), Some(&z(&[3, 3])), &a),
+        Answer::Done,
+        "complete: vh is n × n = k × n"
+    );
+    assert_eq!(
+        host.svd(Some(&z(&[4, 2])), &z(&[3]), Some(&z(&[3, 3])), &a),
+        Answer::ShapeMismatch,
+        "u of neither form"
+    );
+    let wide_a = z(&[3, 4]);
+    assert_eq!(
+        host.svd(Some(&z(&[3, 3])), &z(&[3]), Some(&z(&[4, 4])), &wide_a),
+        Answer::Done,
+        "complete vh of a wide matrix"
+    );
+    assert_eq!(
+        host.svd(Some(&z(&[3, 3])), &z(&[3]), Some(&z(&[4, 3])), &wide_a),
+        Answer::ShapeMismatch,
+        "vh of neither form"
+    );
+    assert_eq!(host.svd(None, &Array::<f32>::zeros(DEV, &[3]).unwrap(), None, &a), Answer::WrongDtype);
+    let c = Array::<Complex64>::zeros(DEV, &[3, 3]).unwrap();
+    assert_eq!(
+        host.svd(None, &Array::<Complex64>::zeros(DEV, &[3]).unwrap(), None, &c),
+        Answer::WrongDtype,
+        "complex values"
+    );
+    assert_eq!(host.eigh(&z(&[3]), None, &c), Answer::Done, "real values of a complex matrix");
+    assert_eq!(host.eigh(&z(&[4]), None, &a), Answer::ShapeMismatch, "not square");
+    assert_eq!(host.eigh(&z(&[3]), Some(&z(&[3, 3])), &c), Answer::WrongDtype, "vectors of the matrix's dtype");
+    assert_eq!(
+        host.eigh(&Array::<f16>::zeros(DEV, &[3]).unwrap(), None, &Array::<f16>::zeros(DEV, &[3, 3]).unwrap()),
+        Answer::WrongDtype
+    );
+    let sq = z(&[3, 3]);
+    assert_eq!(host.eigh(&z(&[3]), Some(&sq), &sq), Answer::Overlapping);
+}

@@ -1,7 +1,7 @@
 //! `nx bench kernels`' numeric rows: Fourier transforms (2²⁰ complex f32 points, and 1024
 //! transforms of 1024 along the rows of a 1024 × 1024 array) and the Cholesky factor of a
-//! 1024 × 1024 f64 matrix, timed against numpy (`np.fft`, `np.linalg.cholesky`) and, where torch
-//! is given, torch (`torch.fft`, `torch.linalg.cholesky`) on the same threads
+//! 1024 × 1024 f64 matrix and its SVD, timed against numpy (`np.fft`, `np.linalg.cholesky`, `svd`)
+//! and, where torch is given, torch (`torch.fft`, `torch.linalg.cholesky`, `svd`) on the same threads
 //! (`benches/peer_numeric.py`), in rounds of the peers then nx back to back; `peer_ratio` is the
 //! median over rounds of (peer's time) / (nx's time).
 
@@ -20,8 +20,12 @@ type Error = Box<dyn std::error::Error>;
 const ROUNDS: usize = 3;
 
 /// The cases: the peer's JSON key, the row's name.
-const CASES: [(&str, &str); 3] =
-    [("fft", "fft 2^20 c64"), ("fft_batched", "fft 1024 x 1024 c64 along rows"), ("cholesky", "cholesky 1024 f64")];
+const CASES: [(&str, &str); 4] = [
+    ("fft", "fft 2^20 c64"),
+    ("fft_batched", "fft 1024 x 1024 c64 along rows"),
+    ("cholesky", "cholesky 1024 f64"),
+    ("svd", "svd 1024 f64 (values and vectors)"),
+];
 
 /// The peers' medians, by case; `Err` where they cannot run.
 fn peers(python: &str, repeats: usize) -> Result<serde_json::Value, String> {
@@ -64,11 +68,18 @@ pub(crate) fn rows(repeats: usize, python: &str) -> Result<(Vec<Row>, String), E
     }
     let a = Array::<f64>::from_fn_on(&rig, &[1024, 1024], |i| spd[i[0] * 1024 + i[1]])?;
     let l = Array::<f64>::zeros_on(&rig, &[1024, 1024])?;
+    let ma = Array::<f64>::from_fn_on(&rig, &[1024, 1024], |i| m[i[0] * 1024 + i[1]])?;
+    let (u, s, vh) = (
+        Array::<f64>::zeros_on(&rig, &[1024, 1024])?,
+        Array::<f64>::zeros_on(&rig, &[1024])?,
+        Array::<f64>::zeros_on(&rig, &[1024, 1024])?,
+    );
     let ok = |a: Answer| assert_eq!(a, Answer::Done, "a numeric benchmark's kernel");
     let mut run: Vec<Box<dyn FnMut()>> = vec![
         Box::new(|| ok(host.fft(Direction::Forward, &[0], &xo, &x))),
         Box::new(|| ok(host.fft(Direction::Forward, &[1], &yo, &y))),
         Box::new(|| ok(host.cholesky(&l, &a))),
+        Box::new(|| ok(host.svd(Some(&u), &s, Some(&vh), &ma))),
     ];
     let n = CASES.len();
     let (mut ours, mut np, mut th) = (vec![Vec::new(); n], vec![Vec::new(); n], vec![Vec::new(); n]);

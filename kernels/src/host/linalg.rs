@@ -22,23 +22,28 @@ use crate::{Answer, Dtype, Element};
 trait Field: faer::traits::ComplexField + Element + Copy + Send + Sync {
     const NAN: Self;
     const ZERO: Self;
+    const ONE: Self;
 }
 
 impl Field for f32 {
     const NAN: f32 = f32::NAN;
     const ZERO: f32 = 0.0;
+    const ONE: f32 = 1.0;
 }
 impl Field for f64 {
     const NAN: f64 = f64::NAN;
     const ZERO: f64 = 0.0;
+    const ONE: f64 = 1.0;
 }
 impl Field for Complex32 {
     const NAN: Complex32 = Complex32::new(f32::NAN, f32::NAN);
     const ZERO: Complex32 = Complex32::new(0.0, 0.0);
+    const ONE: Complex32 = Complex32::new(1.0, 0.0);
 }
 impl Field for Complex64 {
     const NAN: Complex64 = Complex64::new(f64::NAN, f64::NAN);
     const ZERO: Complex64 = Complex64::new(0.0, 0.0);
+    const ONE: Complex64 = Complex64::new(1.0, 0.0);
 }
 
 /// One operand's matrices: its memory, dtype and layout, the batch flattened in C order.
@@ -174,13 +179,19 @@ fn split(l: &Layout) -> Option<(&[usize], usize, usize)> {
 }
 
 /// Runs `f(b, par)` for every matrix `b` of a batch of `count`: one task each on one thread, or
-/// one matrix on the pool's threads.
+/// one matrix on the pool's threads (the routines whose bits do not depend on their count).
 fn each(count: usize, f: impl Fn(usize, Par) + Sync) {
     if count == 1 {
         f(0, Par::rayon(rayon::current_num_threads()));
     } else {
         (0..count).into_par_iter().for_each(|b| f(b, Par::Seq));
     }
+}
+
+/// As [`each`], every matrix on one thread: faer's QR, SVD and eigendecomposition split their
+/// work by the thread count, which changes their bits.
+fn each_seq(count: usize, f: impl Fn(usize, Par) + Sync) {
+    (0..count).into_par_iter().for_each(|b| f(b, Par::Seq));
 }
 
 macro_rules! dispatch {
@@ -327,6 +338,302 @@ pub(crate) fn solve(x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer
             };
         }
         dispatch!(a.dtype(), go);
+        Answer::Done
+    })
+}
+
+/// The address of element `i` of vector `b` of an array `[batch…, k]`.
+fn vec_at(v: &Mats<'_>, b: usize, i: usize) -> *mut u8 {
+    let (shape, strides) = (v.layout.shape(), v.layout.strides());
+    let r = shape.len();
+    let mut pos = v.layout.offset() + i as isize * strides[r - 1];
+    let mut k = b;
+    for d in (0..r - 1).rev() {
+        pos += (k % shape[d]) as isize * strides[d];
+        k /= shape[d];
+    }
+    v.p.byte(pos * v.size)
+}
+
+/// A float field's real part type (`f32` for `Complex32`) and the real part of a value.
+trait RealOf: Field {
+    type Part: Element;
+    fn re(self) -> Self::Part;
+}
+impl RealOf for f32 {
+    type Part = f32;
+    fn re(self) -> f32 {
+        self
+    }
+}
+impl RealOf for f64 {
+    type Part = f64;
+    fn re(self) -> f64 {
+        self
+    }
+}
+impl RealOf for Complex32 {
+    type Part = f32;
+    fn re(self) -> f32 {
+        self.re
+    }
+}
+impl RealOf for Complex64 {
+    type Part = f64;
+    fn re(self) -> f64 {
+        self.re
+    }
+}
+
+/// The real dtype of a full-precision dtype's parts.
+fn real_of(d: Dtype) -> Dtype {
+    match d {
+        Dtype::C64 => Dtype::F32,
+        Dtype::C128 => Dtype::F64,
+        d => d,
+    }
+}
+
+/// Writes the real parts of `s` as vector `b` of `v`.
+fn write_real<T: RealOf>(v: &Mats<'_>, b: usize, s: faer::diag::DiagRef<'_, T>) {
+    let s = s.column_vector();
+    for i in 0..s.nrows() {
+        // SAFETY: under the call's claims, at a position of the checked layout; vector `b` of a
+        // destination is written by this task alone.
+        unsafe { <T::Part as Element>::store(vec_at(v, b, i), s[i].re()) };
+    }
+}
+
+macro_rules! dispatch_real {
+    ($d:expr, $go:ident) => {
+        match $d {
+            Dtype::F32 => $go!(f32),
+            Dtype::F64 => $go!(f64),
+            Dtype::C64 => $go!(Complex32),
+            _ => $go!(Complex64),
+        }
+    };
+}
+
+pub(crate) fn qr(q: &dyn Operand, r: &dyn Operand, a: &dyn Operand) -> Answer {
+    if !full_precision(a.dtype()) || q.dtype() != a.dtype() || r.dtype() != a.dtype() {
+        return Answer::WrongDtype;
+    }
+    through_door(&[q, r], &[a], move |w, rd, execute| {
+        let (q, r, a) = (w[0], w[1], rd[0]);
+        let (Some((batch, m, n)), Some((qb, qm, qk)), Some((rb, rk, rn))) =
+            (split(a.layout()), split(q.layout()), split(r.layout()))
+        else {
+            return Answer::ShapeMismatch;
+        };
+        let k = m.min(n);
+        // reduced (q m × k, r k × n) or complete (q m × m, r m × n), read from q's shape
+        let complete = qk == m;
+        let fits = qb == batch && rb == batch && qm == m && (qk == k || complete) && rk == qk && rn == n;
+        if !fits {
+            return Answer::ShapeMismatch;
+        }
+        if let Some(e) = destinations(w, rd) {
+            return e;
+        }
+        if !execute {
+            return Answer::Done;
+        }
+        let count = batch.iter().product();
+        let (qm_, rm_, am) = (Mats::of(q), Mats::of(r), Mats::of(a));
+        macro_rules! go {
+            ($t:ty) => {
+                each_seq(count, |b, par| {
+                    let mut f = am.read::<$t>(b);
+                    let cols = if complete { m } else { k };
+                    let mut qq = Mat::<$t>::identity(m, cols);
+                    let mut rr = Mat::<$t>::zeros(cols, n);
+                    if k > 0 {
+                        use faer::linalg::householder as hh;
+                        use faer::linalg::qr::no_pivoting::factor as qf;
+                        let bs = qf::recommended_block_size::<$t>(m, n).max(1);
+                        let mut coeff = Mat::<$t>::zeros(bs, k);
+                        let mut mem = MemBuffer::new(qf::qr_in_place_scratch::<$t>(m, n, bs, par, Default::default()));
+                        qf::qr_in_place(f.as_mut(), coeff.as_mut(), par, MemStack::new(&mut mem), Default::default());
+                        // r: the upper trapezoid; the Householder basis: below the diagonal, ones on it
+                        let mut basis = Mat::<$t>::zeros(m, k);
+                        for j in 0..k {
+                            for i in 0..m {
+                                if i < j {
+                                    continue;
+                                }
+                                basis[(i, j)] = if i == j { <$t as Field>::ONE } else { f[(i, j)] };
+                            }
+                        }
+                        for j in 0..n {
+                            for i in 0..=j.min(k - 1) {
+                                rr[(i, j)] = f[(i, j)];
+                            }
+                        }
+                        let need = hh::apply_block_householder_sequence_on_the_left_in_place_scratch::<$t>(m, bs, cols);
+                        let mut mem = MemBuffer::new(need);
+                        hh::apply_block_householder_sequence_on_the_left_in_place_with_conj(
+                            basis.as_ref(),
+                            coeff.as_ref(),
+                            faer::Conj::No,
+                            qq.as_mut(),
+                            par,
+                            MemStack::new(&mut mem),
+                        );
+                    }
+                    qm_.write(b, qq.as_ref());
+                    rm_.write(b, rr.as_ref());
+                })
+            };
+        }
+        dispatch!(a.dtype(), go);
+        Answer::Done
+    })
+}
+
+pub(crate) fn svd(u: Option<&dyn Operand>, s: &dyn Operand, vh: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+    let d = a.dtype();
+    if !full_precision(d)
+        || s.dtype() != real_of(d)
+        || u.is_some_and(|u| u.dtype() != d)
+        || vh.is_some_and(|v| v.dtype() != d)
+    {
+        return Answer::WrongDtype;
+    }
+    if u.is_some() != vh.is_some() {
+        return Answer::ShapeMismatch;
+    }
+    let vectors = u.is_some();
+    let written: Vec<&dyn Operand> = [Some(s), u, vh].into_iter().flatten().collect();
+    through_door(&written, &[a], move |w, rd, execute| {
+        let a = rd[0];
+        let Some((batch, m, n)) = split(a.layout()) else { return Answer::ShapeMismatch };
+        let k = m.min(n);
+        let ss = w[0].layout().shape();
+        if ss.len() != batch.len() + 1 || ss[..batch.len()] != *batch || ss[batch.len()] != k {
+            return Answer::ShapeMismatch;
+        }
+        // reduced (u m × k, vh k × n) or complete (u m × m, vh n × n), read from the shapes
+        let mut complete = false;
+        if vectors {
+            let (Some((ub, um, uk)), Some((vb, vk, vn))) = (split(w[1].layout()), split(w[2].layout())) else {
+                return Answer::ShapeMismatch;
+            };
+            complete = uk == m && vk == n && (m != n || uk == k);
+            let reduced = uk == k && vk == k;
+            if ub != batch || vb != batch || um != m || vn != n || !(complete || reduced) {
+                return Answer::ShapeMismatch;
+            }
+            complete = complete && !reduced;
+        }
+        if let Some(e) = destinations(w, rd) {
+            return e;
+        }
+        if !execute {
+            return Answer::Done;
+        }
+        let count = batch.iter().product();
+        let sm = Mats::of(w[0]);
+        let (um, vm) = (vectors.then(|| Mats::of(w[1])), vectors.then(|| Mats::of(w[2])));
+        let am = Mats::of(a);
+        use faer::linalg::svd::{svd as faer_svd, svd_scratch, ComputeSvdVectors};
+        let how = if !vectors {
+            ComputeSvdVectors::No
+        } else if complete {
+            ComputeSvdVectors::Full
+        } else {
+            ComputeSvdVectors::Thin
+        };
+        macro_rules! go {
+            ($t:ty) => {
+                each_seq(count, |b, par| {
+                    let x = am.read::<$t>(b);
+                    let (uc, vc) = if complete { (m, n) } else { (k, k) };
+                    let mut sv = faer::diag::Diag::<$t>::zeros(k);
+                    let (mut uu, mut vv) = (Mat::<$t>::zeros(m, uc), Mat::<$t>::zeros(n, vc));
+                    // no values (an empty side): the complete factors are any orthonormal bases
+                    let ok = if k == 0 {
+                        uu = Mat::identity(m, uc);
+                        vv = Mat::identity(n, vc);
+                        true
+                    } else {
+                        let mut mem = MemBuffer::new(svd_scratch::<$t>(m, n, how, how, par, Default::default()));
+                        let (ou, ov) = if vectors { (Some(uu.as_mut()), Some(vv.as_mut())) } else { (None, None) };
+                        faer_svd(x.as_ref(), sv.as_mut(), ou, ov, par, MemStack::new(&mut mem), Default::default())
+                            .is_ok()
+                    };
+                    if !ok {
+                        sv.column_vector_mut().fill(<$t as Field>::NAN);
+                        uu.fill(<$t as Field>::NAN);
+                        vv.fill(<$t as Field>::NAN);
+                    }
+                    write_real(&sm, b, sv.as_ref());
+                    if let (Some(um), Some(vm)) = (&um, &vm) {
+                        um.write(b, uu.as_ref());
+                        vm.write(b, vv.adjoint().to_owned().as_ref());
+                    }
+                })
+            };
+        }
+        dispatch_real!(d, go);
+        Answer::Done
+    })
+}
+
+pub(crate) fn eigh(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+    let d = a.dtype();
+    if !full_precision(d) || w.dtype() != real_of(d) || v.is_some_and(|v| v.dtype() != d) {
+        return Answer::WrongDtype;
+    }
+    let vectors = v.is_some();
+    let written: Vec<&dyn Operand> = [Some(w), v].into_iter().flatten().collect();
+    through_door(&written, &[a], move |wr, rd, execute| {
+        let a = rd[0];
+        let Some((batch, m, n)) = split(a.layout()) else { return Answer::ShapeMismatch };
+        let ws = wr[0].layout().shape();
+        let fits = m == n
+            && ws.len() == batch.len() + 1
+            && ws[..batch.len()] == *batch
+            && ws[batch.len()] == n
+            && (!vectors || wr[1].layout().shape() == a.layout().shape());
+        if !fits {
+            return Answer::ShapeMismatch;
+        }
+        if let Some(e) = destinations(wr, rd) {
+            return e;
+        }
+        if !execute {
+            return Answer::Done;
+        }
+        let count = batch.iter().product();
+        let (wm, vm, am) = (Mats::of(wr[0]), vectors.then(|| Mats::of(wr[1])), Mats::of(a));
+        use faer::linalg::evd::{self_adjoint_evd, self_adjoint_evd_scratch, ComputeEigenvectors};
+        let how = if vectors { ComputeEigenvectors::Yes } else { ComputeEigenvectors::No };
+        macro_rules! go {
+            ($t:ty) => {
+                each_seq(count, |b, par| {
+                    // the lower triangle, mirrored: faer reads the lower triangle alone
+                    let x = am.read_part::<$t>(b, Part::Lower { diagonal: true });
+                    let mut ev = faer::diag::Diag::<$t>::zeros(n);
+                    let mut uu = Mat::<$t>::zeros(n, n);
+                    let ok = n == 0 || {
+                        let mut mem = MemBuffer::new(self_adjoint_evd_scratch::<$t>(n, how, par, Default::default()));
+                        let ou = if vectors { Some(uu.as_mut()) } else { None };
+                        self_adjoint_evd(x.as_ref(), ev.as_mut(), ou, par, MemStack::new(&mut mem), Default::default())
+                            .is_ok()
+                    };
+                    if !ok {
+                        ev.column_vector_mut().fill(<$t as Field>::NAN);
+                        uu.fill(<$t as Field>::NAN);
+                    }
+                    write_real(&wm, b, ev.as_ref());
+                    if let Some(vm) = &vm {
+                        vm.write(b, uu.as_ref());
+                    }
+                })
+            };
+        }
+        dispatch_real!(d, go);
         Answer::Done
     })
 }

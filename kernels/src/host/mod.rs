@@ -94,10 +94,14 @@
 //!   first n/2 + 1 outputs); a complex-to-real lane is extended to its n points as a Hermitian
 //!   sequence and its real part kept.
 //! - **Matrix routines** (Cholesky, triangular solves, general solves by LU with partial
-//!   pivoting) read each matrix into a column-major `faer::Mat` through its layout and write the
-//!   result out; several matrices run one per task on one thread, a single one on the pool's
-//!   threads (faer splits its products by output blocks: the same bits on any thread count,
-//!   tested with 1, 2 and 8 threads past its blocks).
+//!   pivoting, QR by Householder reflections, SVD, Hermitian eigendecomposition) read each
+//!   matrix (or the triangle a routine uses) into a column-major `faer::Mat` through its layout
+//!   in tiles and write the results out. Several matrices run one per task on one thread; a
+//!   single Cholesky or solve runs on the pool's threads (faer splits those by output blocks:
+//!   the same bits on any thread count), a single QR, SVD or eigendecomposition on one thread
+//!   (faer's split of those changes the bits: tested with 1, 2 and 8 threads). Singular values
+//!   descend, eigenvalues ascend; the factors' signs are those faer's reflections and rotations
+//!   leave.
 //! - **Contractions** permute each operand to (batch, free, contracting) as a view, or copy it
 //!   when no view exists, and call `faer`'s matrix product per batch: one batch on every thread of
 //!   the pool, many batches one thread each. faer blocks the contracting axis by cache sizes alone,
@@ -132,7 +136,11 @@
 //! - Cholesky: the factor l satisfies |a − l·lᴴ| ≤ 2·γ(n + 1)·|l|·|lᴴ| elementwise (Higham's
 //!   γ(n + 1), doubled for faer's blocked updates). A triangular solve: |b − t·x| ≤ 2·γ(n + 1)·|t|·|x|
 //!   elementwise. A general solve: ‖b − a·x‖∞ ≤ 10·n·u·‖a‖∞·‖x‖∞ where partial pivoting's growth
-//!   stays small (as it does but for contrived matrices).
+//!   stays small (as it does but for contrived matrices). QR, SVD and eigh: each reconstruction
+//!   (`q·r`, `u·diag(s)·vh`, `a·v − v·diag(w)`) and each orthonormality (`qᴴq`, `uᴴu`, `vh·vhᴴ`,
+//!   `vᴴv` against the identity) within 40·(m + n + 2)·u·(1 + max(m, n)·max|a|) elementwise
+//!   (times n + 1 for eigh), and the values within the same of the exact ones (tested against
+//!   Jacobi rotations in f64).
 //!
 //! # Threads
 //!
@@ -327,6 +335,18 @@ impl Kernels for Host {
 
     fn solve(&self, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
         self.run(|| linalg::solve(x, a, b))
+    }
+
+    fn qr(&self, q: &dyn Operand, r: &dyn Operand, a: &dyn Operand) -> Answer {
+        self.run(|| linalg::qr(q, r, a))
+    }
+
+    fn svd(&self, u: Option<&dyn Operand>, s: &dyn Operand, vh: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+        self.run(|| linalg::svd(u, s, vh, a))
+    }
+
+    fn eigh(&self, w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+        self.run(|| linalg::eigh(w, v, a))
     }
 }
 
