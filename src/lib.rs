@@ -38,6 +38,7 @@ pub mod testing;
 
 pub use fft::{FftComplex, FftReal};
 pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};
+pub use linalg::MatrixField;
 pub use tensor::{from_f64, normal, splitmix64, uniform, Tensor};
 
 pub use nx_collectives as collectives;

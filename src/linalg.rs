@@ -106,3 +106,141 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok(self.with_local(b.placement.clone(), b.shape.clone(), local))
     }
 }
+
+/// A dtype the matrix routines take (`f32`, `f64`, `Complex32`, `Complex64`), with the real type
+/// of its parts (singular values and Hermitian eigenvalues are real).
+pub trait MatrixField: Reducible {
+    /// The parts' type.
+    type Real: Reducible;
+}
+
+impl MatrixField for f32 {
+    type Real = f32;
+}
+impl MatrixField for f64 {
+    type Real = f64;
+}
+impl MatrixField for num_complex::Complex32 {
+    type Real = f32;
+}
+impl MatrixField for num_complex::Complex64 {
+    type Real = f64;
+}
+
+impl<'d, T: MatrixField> Tensor<'d, T> {
+    /// A local array of `shape` (the local window's batch axes, then `tail`) on the rank's rig.
+    fn local_of<U: Reducible>(&self, a: &Array<T>, tail: &[usize]) -> Result<Array<U>> {
+        let r = a.shape().len();
+        let mut s = a.shape()[..r - 2].to_vec();
+        s.extend_from_slice(tail);
+        Ok(Array::<U>::uninit_on(self.ctx.rig(), &s)?)
+    }
+
+    /// A tensor of this one's placement whose shape is the batch axes then `tail`.
+    fn shaped<U: Reducible>(&self, tail: &[usize], local: Option<Array<U>>) -> Tensor<'d, U> {
+        let r = self.shape.len();
+        let mut shape = self.shape[..r - 2].to_vec();
+        shape.extend_from_slice(tail);
+        Tensor { ctx: self.ctx.clone(), shape, placement: self.placement.clone(), local }
+    }
+
+    /// The QR factors of each matrix: `(q, r)` with `self = q·r`, reduced (`q` m × k, `r` k × n,
+    /// k = min(m, n)) or `complete` (`q` m × m, `r` m × n); the signs those of Householder
+    /// reflections (`r`'s diagonal may be negative).
+    ///
+    /// ```
+    /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+    /// let a = nx::Tensor::<f64>::from_fn(ctx, &[3, 2], &nx::Placement::on(ctx.devices()), |i| (i[0] * 2 + i[1]) as f64)?;
+    /// let (q, r) = a.qr(false)?;
+    /// assert_eq!((q.shape(), r.shape()), (&[3, 2][..], &[2, 2][..]));
+    /// let back = q.matmul(&r)?.full()?.to_vec()?;
+    /// assert!(back.iter().enumerate().all(|(k, x)| (x - k as f64).abs() < 1e-12));
+    /// # Ok(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Tensor::cholesky`], but for squareness.
+    pub fn qr(&self, complete: bool) -> Result<(Self, Self)> {
+        const FUNC: &str = "nx::Tensor::qr";
+        self.matrices(FUNC)?;
+        let r = self.shape.len();
+        let (m, n) = (self.shape[r - 2], self.shape[r - 1]);
+        let c = if complete { m } else { m.min(n) };
+        let (q, rr) = match &self.local {
+            Some(a) => {
+                let (q, rr) = (self.local_of::<T>(a, &[m, c])?, self.local_of::<T>(a, &[c, n])?);
+                check(FUNC, self.ctx.host().qr(&q, &rr, a), &[a])?;
+                (Some(q), Some(rr))
+            }
+            None => (None, None),
+        };
+        Ok((self.shaped(&[m, c], q), self.shaped(&[c, n], rr)))
+    }
+
+    /// The singular values of each matrix, descending (`[batch…, k]`, k = min(m, n)).
+    ///
+    /// # Errors
+    /// As [`Tensor::qr`].
+    pub fn svdvals(&self) -> Result<Tensor<'d, T::Real>> {
+        const FUNC: &str = "nx::Tensor::svdvals";
+        self.matrices(FUNC)?;
+        let r = self.shape.len();
+        let k = self.shape[r - 2].min(self.shape[r - 1]);
+        let s = match &self.local {
+            Some(a) => {
+                let s = self.local_of::<T::Real>(a, &[k])?;
+                check(FUNC, self.ctx.host().svd(None, &s, None, a), &[a])?;
+                Some(s)
+            }
+            None => None,
+        };
+        Ok(self.shaped(&[k], s))
+    }
+
+    /// The singular value decomposition of each matrix: `(u, s, vh)` with `self = u·diag(s)·vh`,
+    /// `s` descending; reduced (`u` m × k, `vh` k × n) or `complete` (`u` m × m, `vh` n × n).
+    ///
+    /// # Errors
+    /// As [`Tensor::qr`].
+    pub fn svd(&self, complete: bool) -> Result<(Self, Tensor<'d, T::Real>, Self)> {
+        const FUNC: &str = "nx::Tensor::svd";
+        self.matrices(FUNC)?;
+        let r = self.shape.len();
+        let (m, n) = (self.shape[r - 2], self.shape[r - 1]);
+        let k = m.min(n);
+        let (uc, vr) = if complete { (m, n) } else { (k, k) };
+        let (u, s, vh) = match &self.local {
+            Some(a) => {
+                let u = self.local_of::<T>(a, &[m, uc])?;
+                let s = self.local_of::<T::Real>(a, &[k])?;
+                let vh = self.local_of::<T>(a, &[vr, n])?;
+                check(FUNC, self.ctx.host().svd(Some(&u), &s, Some(&vh), a), &[a])?;
+                (Some(u), Some(s), Some(vh))
+            }
+            None => (None, None, None),
+        };
+        Ok((self.shaped(&[m, uc], u), self.shaped(&[k], s), self.shaped(&[vr, n], vh)))
+    }
+
+    /// The eigenvalues (ascending, `[batch…, n]`) and orthonormal eigenvectors (the columns of
+    /// `[batch…, n, n]`) of each Hermitian matrix, read from its lower triangle.
+    ///
+    /// # Errors
+    /// As [`Tensor::cholesky`].
+    pub fn eigh(&self) -> Result<(Tensor<'d, T::Real>, Self)> {
+        const FUNC: &str = "nx::Tensor::eigh";
+        self.matrices(FUNC)?;
+        let r = self.shape.len();
+        let n = self.shape[r - 1];
+        let (w, v) = match &self.local {
+            Some(a) => {
+                let w = self.local_of::<T::Real>(a, &[n])?;
+                let v = Array::<T>::uninit_on(self.ctx.rig(), a.shape())?;
+                check(FUNC, self.ctx.host().eigh(&w, Some(&v), a), &[a])?;
+                (Some(w), Some(v))
+            }
+            None => (None, None),
+        };
+        Ok((self.shaped(&[n], w), self.with_local(self.placement.clone(), self.shape.clone(), v)))
+    }
+}

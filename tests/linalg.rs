@@ -87,3 +87,63 @@ fn batched_routines_match_naive_loops_on_every_mesh() {
         .unwrap();
     }
 }
+
+#[test]
+fn decompositions_reconstruct_their_matrices_on_every_mesh() {
+    for (dp, tp) in MESHES {
+        let (batch, m, n) = (2 * dp + 1, 5, 3);
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p: Placement<'_> = "mesh(0:dp)".parse::<PlacementSpec>()?.over(&mesh)?;
+            let f = |i: &[usize]| {
+                ((i[0] * 31 + i[1] * 7 + i[2] * 3) % 13) as f64 * 0.25 - 1.5 + if i[1] == i[2] { 2.0 } else { 0.0 }
+            };
+            let x = Tensor::<f64>::from_fn(ctx, &[batch, m, n], &p, f)?;
+            let (q, r) = x.qr(false)?;
+            let (u, s, vh) = x.svd(false)?;
+            let vals = x.svdvals()?.full()?.to_vec()?;
+            let (q, r, u, s, vh) = (
+                q.full()?.to_vec()?,
+                r.full()?.to_vec()?,
+                u.full()?.to_vec()?,
+                s.full()?.to_vec()?,
+                vh.full()?.to_vec()?,
+            );
+            let k = n;
+            for b in 0..batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        let qr: f64 = (0..k).map(|t| q[(b * m + i) * k + t] * r[(b * k + t) * n + j]).sum();
+                        let usv: f64 =
+                            (0..k).map(|t| u[(b * m + i) * k + t] * s[b * k + t] * vh[(b * k + t) * n + j]).sum();
+                        let want = f(&[b, i, j]);
+                        assert!(
+                            (qr - want).abs() < 1e-12 && (usv - want).abs() < 1e-12,
+                            "batch {b} ({i}, {j}) on {dp}×{tp}"
+                        );
+                    }
+                }
+                assert!((0..k).all(|t| (vals[b * k + t] - s[b * k + t]).abs() < 1e-12));
+            }
+            // eigh of the symmetric x·xᵀ (built here in f64, its lower triangle read)
+            let g = |i: &[usize]| (0..n).map(|t| f(&[i[0], i[1], t]) * f(&[i[0], i[2], t])).sum::<f64>();
+            let h = Tensor::<f64>::from_fn(ctx, &[batch, m, m], &p, g)?;
+            let (w, v) = h.eigh()?;
+            let (w, v) = (w.full()?.to_vec()?, v.full()?.to_vec()?);
+            for b in 0..batch {
+                assert!(w[b * m..(b + 1) * m].windows(2).all(|p| p[0] <= p[1]), "ascending");
+                for i in 0..m {
+                    for j in 0..m {
+                        let hv: f64 = (0..m).map(|t| g(&[b, i, t]) * v[(b * m + t) * m + j]).sum();
+                        assert!(
+                            (hv - v[(b * m + i) * m + j] * w[b * m + j]).abs() < 1e-10,
+                            "h·v = v·w at batch {b} ({i}, {j})"
+                        );
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}
