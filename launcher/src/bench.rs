@@ -55,6 +55,21 @@ pub(crate) struct Row {
     pub(crate) peer_ratio: Option<f64>,
 }
 
+/// Runs a peer's `script` under `python` with `args` and this pool's thread count last, and
+/// answers the one JSON object it prints; `Err` naming the failure where it cannot.
+pub(crate) fn python_peer(python: &str, script: &str, args: &[String]) -> Result<serde_json::Value, String> {
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(args)
+        .arg(rayon::current_num_threads().to_string())
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{python} {script} failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("the output of {script}: {e}"))
+}
+
 pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]

@@ -6,8 +6,6 @@
 //! Sizes are the at `--size` 2²⁴ (50k×1024 table by 64k indices, 16M elements, 512 rows
 //! of 50k, batch 4 × 16 heads × 2048 tokens × 64) and scale with `--size` (the peer scales alike).
 
-use std::process::Command;
-
 use nx::kernels::rig::Rig;
 use nx::kernels::{Answer, Array, Attention, Dtype, Host, Kernels, Kv, Reduction, Scatter};
 use nx::Device;
@@ -35,20 +33,7 @@ fn scaled(x: usize, scale: f64) -> usize {
 
 /// The peer's medians, by case; `Err` where it cannot run.
 fn peer(python: &str, scale: f64, repeats: usize) -> Result<serde_json::Value, String> {
-    let out = Command::new(python)
-        .arg("benches/torch_indexing.py")
-        .arg(scale.to_string())
-        .arg(repeats.to_string())
-        .arg(rayon::current_num_threads().to_string())
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{python} benches/torch_indexing.py failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("the peer's output: {e}"))
+    crate::bench::python_peer(python, "benches/torch_indexing.py", &[scale.to_string(), repeats.to_string()])
 }
 
 /// The rows, and a note naming the peer (or why there is none).

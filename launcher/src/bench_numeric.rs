@@ -5,8 +5,6 @@
 //! (`benches/peer_numeric.py`), in rounds of the peers then nx back to back; `peer_ratio` is the
 //! median over rounds of (peer's time) / (nx's time).
 
-use std::process::Command;
-
 use num_complex::Complex32;
 use nx::kernels::rig::Rig;
 use nx::kernels::{Answer, Array, Direction, Host, Kernels};
@@ -29,19 +27,7 @@ const CASES: [(&str, &str); 4] = [
 
 /// The peers' medians, by case; `Err` where they cannot run.
 fn peers(python: &str, repeats: usize) -> Result<serde_json::Value, String> {
-    let out = Command::new(python)
-        .arg("benches/peer_numeric.py")
-        .arg(repeats.to_string())
-        .arg(rayon::current_num_threads().to_string())
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{python} benches/peer_numeric.py failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("the peers' output: {e}"))
+    crate::bench::python_peer(python, "benches/peer_numeric.py", &[repeats.to_string()])
 }
 
 /// The rows (one against numpy per case, one against torch where it ran), and a note naming the

@@ -259,13 +259,21 @@ fn solve_shapes(x: &Layout, a: &Layout, b: &Layout) -> Option<(usize, usize, usi
     (m == n && bn == n && ab == bb && x.shape() == b.shape()).then(|| (ab.iter().product(), n, k))
 }
 
-pub(crate) fn solve_triangular(lower: bool, unit: bool, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
+/// Which solve: of a triangle (`lower` or upper; `unit`: its diagonal taken as ones), or of a
+/// general matrix by LU with partial pivoting.
+#[derive(Clone, Copy)]
+pub(crate) enum Solve {
+    Triangular { lower: bool, unit: bool },
+    General,
+}
+
+pub(crate) fn solve(kind: Solve, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
     if !full_precision(a.dtype()) || x.dtype() != a.dtype() || b.dtype() != a.dtype() {
         return Answer::WrongDtype;
     }
     through_door(&[x], &[a, b], move |w, r, execute| {
         let (x, a, b) = (w[0], r[0], r[1]);
-        let Some((count, _, _)) = solve_shapes(x.layout(), a.layout(), b.layout()) else {
+        let Some((count, n, k)) = solve_shapes(x.layout(), a.layout(), b.layout()) else {
             return Answer::ShapeMismatch;
         };
         if let Some(e) = destinations(w, r) {
@@ -278,10 +286,16 @@ pub(crate) fn solve_triangular(lower: bool, unit: bool, x: &dyn Operand, a: &dyn
         macro_rules! go {
             ($t:ty) => {
                 each(count, |i, par| {
-                    let part = if lower { Part::Lower { diagonal: !unit } } else { Part::Upper { diagonal: !unit } };
-                    let t = am.read_part::<$t>(i, part);
                     let mut rhs = bm.read::<$t>(i);
-                    triangular::<$t>(lower, unit, t.as_ref(), rhs.as_mut(), par);
+                    match kind {
+                        Solve::Triangular { lower, unit } => {
+                            let part =
+                                if lower { Part::Lower { diagonal: !unit } } else { Part::Upper { diagonal: !unit } };
+                            let t = am.read_part::<$t>(i, part);
+                            triangular::<$t>(lower, unit, t.as_ref(), rhs.as_mut(), par);
+                        }
+                        Solve::General => lu_solve_in_place::<$t>(am.read::<$t>(i), rhs.as_mut(), n, k, par),
+                    }
                     xm.write(i, rhs.as_ref());
                 })
             };
@@ -303,43 +317,15 @@ fn triangular<T: Field>(lower: bool, unit: bool, t: faer::MatRef<'_, T>, rhs: Ma
     }
 }
 
-pub(crate) fn solve(x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
-    if !full_precision(a.dtype()) || x.dtype() != a.dtype() || b.dtype() != a.dtype() {
-        return Answer::WrongDtype;
-    }
-    through_door(&[x], &[a, b], move |w, r, execute| {
-        let (x, a, b) = (w[0], r[0], r[1]);
-        let Some((count, n, k)) = solve_shapes(x.layout(), a.layout(), b.layout()) else {
-            return Answer::ShapeMismatch;
-        };
-        if let Some(e) = destinations(w, r) {
-            return e;
-        }
-        if !execute {
-            return Answer::Done;
-        }
-        let (xm, am, bm) = (Mats::of(x), Mats::of(a), Mats::of(b));
-        macro_rules! go {
-            ($t:ty) => {
-                each(count, |i, par| {
-                    let mut f = am.read::<$t>(i);
-                    let mut rhs = bm.read::<$t>(i);
-                    let (mut perm, mut inv) = (vec![0usize; n], vec![0usize; n]);
-                    let need = lu::lu_in_place_scratch::<usize, $t>(n, n, par, Default::default())
-                        .or(lu_solve::solve_in_place_scratch::<usize, $t>(n, k, par));
-                    let mut mem = MemBuffer::new(need);
-                    let stack = MemStack::new(&mut mem);
-                    let (_, p) = lu::lu_in_place(f.as_mut(), &mut perm, &mut inv, par, stack, Default::default());
-                    let stack = MemStack::new(&mut mem);
-                    // L below the diagonal (its own diagonal of ones), U on and above
-                    lu_solve::solve_in_place(f.as_ref(), f.as_ref(), p, rhs.as_mut(), par, stack);
-                    xm.write(i, rhs.as_ref());
-                })
-            };
-        }
-        dispatch!(a.dtype(), go);
-        Answer::Done
-    })
+/// Solves `f·x = rhs` in place (`f` n × n, `rhs` n × k) by LU with partial pivoting, `f`
+/// factored in place: L below the diagonal (its own diagonal of ones), U on and above.
+fn lu_solve_in_place<T: Field>(mut f: Mat<T>, rhs: MatMut<'_, T>, n: usize, k: usize, par: Par) {
+    let (mut perm, mut inv) = (vec![0usize; n], vec![0usize; n]);
+    let need = lu::lu_in_place_scratch::<usize, T>(n, n, par, Default::default())
+        .or(lu_solve::solve_in_place_scratch::<usize, T>(n, k, par));
+    let mut mem = MemBuffer::new(need);
+    let (_, p) = lu::lu_in_place(f.as_mut(), &mut perm, &mut inv, par, MemStack::new(&mut mem), Default::default());
+    lu_solve::solve_in_place(f.as_ref(), f.as_ref(), p, rhs, par, MemStack::new(&mut mem));
 }
 
 /// The address of element `i` of vector `b` of an array `[batch…, k]`.

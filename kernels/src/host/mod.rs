@@ -330,11 +330,11 @@ impl Kernels for Host {
     }
 
     fn solve_triangular(&self, lower: bool, unit: bool, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
-        self.run(|| linalg::solve_triangular(lower, unit, x, a, b))
+        self.run(|| linalg::solve(linalg::Solve::Triangular { lower, unit }, x, a, b))
     }
 
     fn solve(&self, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
-        self.run(|| linalg::solve(x, a, b))
+        self.run(|| linalg::solve(linalg::Solve::General, x, a, b))
     }
 
     fn qr(&self, q: &dyn Operand, r: &dyn Operand, a: &dyn Operand) -> Answer {
