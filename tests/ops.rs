@@ -295,3 +295,26 @@ fn attention_refuses_heads_cut_off_their_groups_on_every_rank() {
     });
     assert!(out.is_ok(), "{out:?}");
 }
+
+#[test]
+fn index_select_picks_rows_along_a_whole_axis_and_refuses_an_index_of_rank_two() {
+    for (dp, tp) in MESHES {
+        let (m, n) = (3 * tp + 1, 2 * dp + 3);
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            // rows of a table whose columns are cut over dp; the index whole, with repeats
+            let x = Tensor::<f64>::from_fn(ctx, &[m, n], &p("mesh(1:dp)")?, f)?;
+            let picks: Vec<i64> = vec![m as i64 - 1, 0, 2, 2, 1];
+            let idx = Tensor::<i64>::from_fn(ctx, &[picks.len()], &Placement::on(ctx.devices()), |i| picks[i[0]])?;
+            let got = x.index_select(0, &idx)?.full()?.to_vec()?;
+            let want: Vec<f64> = picks.iter().flat_map(|&r| (0..n).map(move |j| f(&[r as usize, j]))).collect();
+            assert_eq!(got, want, "on {dp}×{tp}");
+            let two = Tensor::<i64>::zeros(ctx, &[2, 2], &Placement::on(ctx.devices()))?;
+            let e = x.index_select(0, &two).unwrap_err().to_string();
+            assert!(e.contains("nx::Tensor::index_select") && e.contains("not 1-D"), "{e}");
+            Ok(())
+        })
+        .unwrap();
+    }
+}
