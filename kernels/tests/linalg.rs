@@ -25,12 +25,15 @@ fn val(k: usize, salt: usize) -> f64 {
 
 /// A dtype under test, to and from complex f64, with its unit roundoff.
 trait Num: Element + Copy {
+    /// The real type of the parts.
+    type Real: Num;
     const COMPLEX: bool;
     const U: f64;
     fn of(c: C) -> Self;
     fn wide(self) -> C;
 }
 impl Num for f32 {
+    type Real = f32;
     const COMPLEX: bool = false;
     const U: f64 = f32::EPSILON as f64 / 2.0;
     fn of(c: C) -> f32 {
@@ -41,6 +44,7 @@ impl Num for f32 {
     }
 }
 impl Num for f64 {
+    type Real = f64;
     const COMPLEX: bool = false;
     const U: f64 = f64::EPSILON / 2.0;
     fn of(c: C) -> f64 {
@@ -51,6 +55,7 @@ impl Num for f64 {
     }
 }
 impl Num for Complex32 {
+    type Real = f32;
     const COMPLEX: bool = true;
     const U: f64 = f32::EPSILON as f64 / 2.0;
     fn of(c: C) -> Complex32 {
@@ -61,6 +66,7 @@ impl Num for Complex32 {
     }
 }
 impl Num for Complex64 {
+    type Real = f64;
     const COMPLEX: bool = true;
     const U: f64 = f64::EPSILON / 2.0;
     fn of(c: C) -> C {
@@ -540,7 +546,7 @@ fn identity(n: usize) -> Vec<C> {
     (0..n * n).map(|q| C::new(if q / n == q % n { 1.0 } else { 0.0 }, 0.0)).collect()
 }
 
-fn decompositions_case<T: Real2>(host: &Host, batch: usize, m: usize, n: usize) {
+fn decompositions_case<T: Num>(host: &Host, batch: usize, m: usize, n: usize) {
     let what = format!("{} batch {batch}, {m} × {n}", std::any::type_name::<T>());
     let k = m.min(n);
     let a: Vec<C> = (0..batch * m * n).map(|q| C::new(val(q, 30), if T::COMPLEX { val(q, 31) } else { 0.0 })).collect();
@@ -650,22 +656,6 @@ fn decompositions_case<T: Real2>(host: &Host, batch: usize, m: usize, n: usize) 
         near(&mul(&hb, vb, m, m, m), &vw, heps, &format!("{what}: h·v = v·diag(w)"));
         near(&mul(&adjoint(vb, m, m), vb, m, m, m), &identity(m), eps, &format!("{what}: vᴴv"));
     }
-}
-
-trait Real2: Num {
-    type Real: Num;
-}
-impl Real2 for f32 {
-    type Real = f32;
-}
-impl Real2 for f64 {
-    type Real = f64;
-}
-impl Real2 for Complex32 {
-    type Real = f32;
-}
-impl Real2 for Complex64 {
-    type Real = f64;
 }
 
 #[test]

@@ -328,6 +328,12 @@ fn lu_solve_in_place<T: Field>(mut f: Mat<T>, rhs: MatMut<'_, T>, n: usize, k: u
     lu_solve::solve_in_place(f.as_ref(), f.as_ref(), p, rhs, par, MemStack::new(&mut mem));
 }
 
+/// Whether `l` is `[batch…, k]`: a vector of k values per matrix (singular values, eigenvalues).
+fn vectors_of(l: &Layout, batch: &[usize], k: usize) -> bool {
+    let s = l.shape();
+    s.len() == batch.len() + 1 && s[..batch.len()] == *batch && s[batch.len()] == k
+}
+
 /// The address of element `i` of vector `b` of an array `[batch…, k]`.
 fn vec_at(v: &Mats<'_>, b: usize, i: usize) -> *mut u8 {
     let (shape, strides) = (v.layout.shape(), v.layout.strides());
@@ -495,8 +501,7 @@ pub(crate) fn svd(u: Option<&dyn Operand>, s: &dyn Operand, vh: Option<&dyn Oper
         let a = rd[0];
         let Some((batch, m, n)) = split(a.layout()) else { return Answer::ShapeMismatch };
         let k = m.min(n);
-        let ss = w[0].layout().shape();
-        if ss.len() != batch.len() + 1 || ss[..batch.len()] != *batch || ss[batch.len()] != k {
+        if !vectors_of(w[0].layout(), batch, k) {
             return Answer::ShapeMismatch;
         }
         // reduced (u m × k, vh k × n) or complete (u m × m, vh n × n), read from the shapes
@@ -576,11 +581,8 @@ pub(crate) fn eigh(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) ->
     through_door(&written, &[a], move |wr, rd, execute| {
         let a = rd[0];
         let Some((batch, m, n)) = split(a.layout()) else { return Answer::ShapeMismatch };
-        let ws = wr[0].layout().shape();
         let fits = m == n
-            && ws.len() == batch.len() + 1
-            && ws[..batch.len()] == *batch
-            && ws[batch.len()] == n
+            && vectors_of(wr[0].layout(), batch, n)
             && (!vectors || wr[1].layout().shape() == a.layout().shape());
         if !fits {
             return Answer::ShapeMismatch;
