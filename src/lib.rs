@@ -26,6 +26,7 @@
 pub mod autodiff;
 pub mod ckpt;
 mod fft;
+mod grouped;
 mod launch;
 mod linalg;
 pub mod nn;
@@ -38,7 +39,7 @@ pub mod testing;
 
 pub use fft::{FftComplex, FftReal};
 pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};
-pub use linalg::MatrixField;
+pub use linalg::{Eig, MatrixField};
 pub use tensor::{from_f64, normal, splitmix64, uniform, Tensor};
 
 pub use nx_collectives as collectives;

@@ -1,4 +1,5 @@
-//! `Tensor` matrix routines on the last two axes: `cholesky`, `solve`, `solve_triangular`. The
+//! `Tensor` matrix routines on the last two axes: `cholesky`, `solve`, `solve_triangular`, `qr`,
+//! `svd`, `svdvals`, `eigh`, `eig`. The
 //! matrix axes must be whole under the placement (the batch axes before them may be cut: each
 //! rank computes its own matrices), the value closed (the routines are not linear), and the two
 //! operands of a solve placed alike. The host library's docs state the bounds.
@@ -107,24 +108,34 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     }
 }
 
+/// The eigenvalues and eigenvectors [`Tensor::eig`] returns, complex.
+pub type Eig<'d, T> = (Tensor<'d, <T as MatrixField>::Complex>, Tensor<'d, <T as MatrixField>::Complex>);
+
 /// A dtype the matrix routines take (`f32`, `f64`, `Complex32`, `Complex64`), with the real type
-/// of its parts (singular values and Hermitian eigenvalues are real).
+/// of its parts (singular values and Hermitian eigenvalues are real) and the complex type of its
+/// precision (general eigenvalues are complex).
 pub trait MatrixField: Reducible {
     /// The parts' type.
     type Real: Reducible;
+    /// The complex type of the parts' precision.
+    type Complex: Reducible;
 }
 
 impl MatrixField for f32 {
     type Real = f32;
+    type Complex = num_complex::Complex32;
 }
 impl MatrixField for f64 {
     type Real = f64;
+    type Complex = num_complex::Complex64;
 }
 impl MatrixField for num_complex::Complex32 {
     type Real = f32;
+    type Complex = num_complex::Complex32;
 }
 impl MatrixField for num_complex::Complex64 {
     type Real = f64;
+    type Complex = num_complex::Complex64;
 }
 
 impl<'d, T: MatrixField> Tensor<'d, T> {
@@ -242,5 +253,41 @@ impl<'d, T: MatrixField> Tensor<'d, T> {
             None => (None, None),
         };
         Ok((self.shaped(&[n], w), self.with_local(self.placement.clone(), self.shape.clone(), v)))
+    }
+
+    /// The eigenvalues (`[batch…, n]`, complex, in the host library's stated order) and
+    /// eigenvectors (the unit columns of `[batch…, n, n]`) of each square matrix:
+    /// `self·v = v·diag(w)`.
+    ///
+    /// ```
+    /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+    /// // a rotation by 90°: eigenvalues ±i
+    /// let a = nx::Tensor::<f64>::from_fn(ctx, &[2, 2], &nx::Placement::on(ctx.devices()), |i| [0.0, -1.0, 1.0, 0.0][i[0] * 2 + i[1]])?;
+    /// let (w, v) = a.eig()?;
+    /// let w = w.full()?.to_vec()?;
+    /// assert!(w.iter().all(|z| z.re.abs() < 1e-15 && (z.im.abs() - 1.0).abs() < 1e-15) && w[0] == w[1].conj());
+    /// assert_eq!(v.shape(), &[2, 2]);
+    /// # Ok(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Tensor::cholesky`].
+    pub fn eig(&self) -> Result<Eig<'d, T>> {
+        const FUNC: &str = "nx::Tensor::eig";
+        self.matrices(FUNC)?;
+        let r = self.shape.len();
+        let n = self.shape[r - 1];
+        let (w, v) = match &self.local {
+            Some(a) => {
+                let w = self.local_of::<T::Complex>(a, &[n])?;
+                let v = Array::<T::Complex>::uninit_on(self.ctx.rig(), a.shape())?;
+                check(FUNC, self.ctx.host().eig(&w, Some(&v), a), &[a])?;
+                (Some(w), Some(v))
+            }
+            None => (None, None),
+        };
+        let vectors =
+            Tensor { ctx: self.ctx.clone(), shape: self.shape.clone(), placement: self.placement.clone(), local: v };
+        Ok((self.shaped(&[n], w), vectors))
     }
 }

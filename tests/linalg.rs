@@ -142,6 +142,23 @@ fn decompositions_reconstruct_their_matrices_on_every_mesh() {
                     }
                 }
             }
+            // eig of the square leading block of x (not symmetric): x·v = v·diag(w), in complex f64
+            let sq = |i: &[usize]| f(&[i[0], i[1], i[2]]) + (i[1] as f64 - i[2] as f64) * 0.5;
+            let e = Tensor::<f64>::from_fn(ctx, &[batch, n, n], &p, sq)?;
+            let (w, v) = e.eig()?;
+            assert!(w.placement().equal(&p) && v.placement().equal(&p));
+            let (w, v) = (w.full()?.to_vec()?, v.full()?.to_vec()?);
+            for b in 0..batch {
+                for i in 0..n {
+                    for j in 0..n {
+                        let xv: num_complex::Complex64 = (0..n).map(|t| v[(b * n + t) * n + j] * sq(&[b, i, t])).sum();
+                        assert!(
+                            (xv - v[(b * n + i) * n + j] * w[b * n + j]).norm() < 1e-10,
+                            "x·v = v·w at batch {b} ({i}, {j}) on {dp}×{tp}"
+                        );
+                    }
+                }
+            }
             Ok(())
         })
         .unwrap();

@@ -7,10 +7,10 @@
 //! may be strided, broadcast or offset. Kernels are deterministic: the same bits on every run and
 //! any number of threads.
 //!
-//! Operations a library does not build answer `Declined` by default (of the matrix routines,
-//! the general eigendecomposition is not built yet in any library). A destination that shares bytes with an
+//! Operations a library does not build answer `Declined` by default. A destination that shares bytes with an
 //! operand the kernel reads at other indices than the result's own is refused as `Overlapping`.
 
+use crate::contraction::{Contraction, Factor, Segmented};
 use crate::door::Operand;
 use crate::loads::{Pad, Windows};
 use crate::prog::Prog;
@@ -73,6 +73,20 @@ pub fn full_precision(d: crate::Dtype) -> bool {
     matches!(d, crate::Dtype::F32 | crate::Dtype::F64 | crate::Dtype::C64 | crate::Dtype::C128)
 }
 
+/// The dtype reductions and scans of the float dtype `d` combine in: `f32` for `f16` and
+/// `bf16`, `d` itself for the other floats; none for a dtype that is not a real float.
+///
+/// # Examples
+/// ```
+/// use nx_kernels::{float_carrier, Dtype};
+/// assert_eq!(float_carrier(Dtype::BF16), Some(Dtype::F32));
+/// assert_eq!(float_carrier(Dtype::F64), Some(Dtype::F64));
+/// assert_eq!(float_carrier(Dtype::I8), None);
+/// ```
+pub fn float_carrier(d: crate::Dtype) -> Option<crate::Dtype> {
+    (d.kind() == crate::Kind::Float).then(|| d.carrier())
+}
+
 /// The extreme an [`Reduction::Arg`] finds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Extreme {
@@ -106,6 +120,23 @@ pub enum Reduction {
 }
 
 impl Reduction {
+    /// Whether the reduction reduces terms of `d`: `Sum` and `Prod` every dtype but `bool`,
+    /// `Max`, `Min` and `Arg` every dtype, `Logsumexp` and `Moments` real floats.
+    ///
+    /// # Examples
+    /// ```
+    /// use nx_kernels::{Dtype, Reduction};
+    /// assert!(Reduction::Sum.accepts(Dtype::C64) && !Reduction::Sum.accepts(Dtype::Bool));
+    /// assert!(Reduction::Max.accepts(Dtype::Bool) && !Reduction::Logsumexp.accepts(Dtype::I32));
+    /// ```
+    pub fn accepts(self, d: crate::Dtype) -> bool {
+        match self {
+            Reduction::Sum | Reduction::Prod => d != crate::Dtype::Bool,
+            Reduction::Logsumexp | Reduction::Moments => d.kind() == crate::Kind::Float,
+            Reduction::Max | Reduction::Min | Reduction::Arg(_) => true,
+        }
+    }
+
     /// How many destinations the reduction writes.
     pub fn destinations(self) -> usize {
         match self {
@@ -237,48 +268,6 @@ pub fn attention_refusal(
     None
 }
 
-/// A general contraction of `a` with `b`: the batch pairs, then the contracting pairs (axis of
-/// `a`, axis of `b`), each pair of one extent. The result's axes are the batch pairs, then `a`'s
-/// free axes, then `b`'s, each in its operand's order.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct Contraction {
-    /// Axes summed over: (axis of `a`, axis of `b`).
-    pub contracting: Vec<(usize, usize)>,
-    /// Axes kept and paired: (axis of `a`, axis of `b`).
-    pub batch: Vec<(usize, usize)>,
-}
-
-impl Contraction {
-    /// Batched matrix product: `a [.., m, k] · b [.., k, n]`, the leading `batch` axes paired.
-    pub fn matmul(batch: usize) -> Contraction {
-        Contraction { contracting: vec![(batch + 1, batch)], batch: (0..batch).map(|i| (i, i)).collect() }
-    }
-
-    /// The result's shape for operands of shapes `a` and `b`, or why they do not fit.
-    ///
-    /// # Errors
-    /// Why not, in words: an axis past an operand's rank or in two pairs, or a pair of two extents.
-    pub fn shape(&self, a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
-        let pairs = self.batch.iter().chain(&self.contracting);
-        let (mut used_a, mut used_b) = (vec![false; a.len()], vec![false; b.len()]);
-        for &(x, y) in pairs {
-            if x >= a.len() || y >= b.len() {
-                return Err(format!("pair ({x}, {y}) is past the operands' ranks {} and {}", a.len(), b.len()));
-            }
-            if std::mem::replace(&mut used_a[x], true) || std::mem::replace(&mut used_b[y], true) {
-                return Err(format!("axis pair ({x}, {y}) repeats an axis"));
-            }
-            if a[x] != b[y] {
-                return Err(format!("pair ({x}, {y}) has extents {} and {}", a[x], b[y]));
-            }
-        }
-        let mut out: Vec<usize> = self.batch.iter().map(|&(x, _)| a[x]).collect();
-        out.extend((0..a.len()).filter(|&i| !used_a[i]).map(|i| a[i]));
-        out.extend((0..b.len()).filter(|&i| !used_b[i]).map(|i| b[i]));
-        Ok(out)
-    }
-}
-
 /// The kernel contract, for a library of kernels that compute on some devices' memory.
 ///
 /// Each method takes attributes, then destinations, then operands, and answers as the [module
@@ -314,6 +303,30 @@ pub trait Kernels {
         b: &dyn Operand,
         init: Option<&dyn Operand>,
     ) -> Answer;
+
+    /// `dst = init + contraction(a, b)` in full: each operand scaled by its block scale (a
+    /// [`Factor`]), the contraction cut into groups by `segments` where given, the products
+    /// computed in [`crate::contraction_accumulator`] of `dst`'s dtype, each operand's and each
+    /// value scale's dtype [`crate::widens_into`] it (`i8` operands into an `i32` destination:
+    /// an integer contraction, wrapping). `init` is of `dst`'s dtype and shape; the shapes are
+    /// [`Contraction::segmented_shape`]'s. An output without products is its init element's bits
+    /// (or +0), untouched by any addition. Answers `WrongDtype` for a `bool` destination, an
+    /// operand that does not widen into the accumulator, an init not of `dst`'s dtype, exponent
+    /// codes not `u8` or on an integer accumulator, ids not `i64`; `ShapeMismatch` for shapes
+    /// other than those, or a scale that does not block its operand; `Overlapping` for a
+    /// destination sharing bytes with an operand, a scale or the ids; `Declined` for a case the
+    /// library does not compute (the default: every case).
+    fn contract_general(
+        &self,
+        _spec: &Contraction,
+        _segments: Option<Segmented<'_>>,
+        _dst: &dyn Operand,
+        _a: Factor<'_>,
+        _b: Factor<'_>,
+        _init: Option<&dyn Operand>,
+    ) -> Answer {
+        Answer::Declined
+    }
 
     /// A scan of `src` along `axis` by `reduction` (`Sum`, `Prod`, `Max` or `Min`) into `dst`
     /// (`src`'s shape and dtype): result `i` combines the terms up to `i` in the carrier
@@ -517,6 +530,17 @@ pub trait Kernels {
     /// are unique as [`Kernels::svd`]'s are. A matrix the iteration does not converge on gets
     /// NaNs.
     fn eigh(&self, _w: &dyn Operand, _v: Option<&dyn Operand>, _a: &dyn Operand) -> Answer {
+        Answer::Declined
+    }
+
+    /// The eigenvalues `w` `[batch…, n]` of each square matrix of `a` `[batch…, n, n]`, complex
+    /// of `a`'s precision (`c64` for `f32` and `c64`, `c128` for `f64` and `c128`), and with `v`
+    /// (that dtype, `a`'s shape) eigenvectors as its columns, each of unit 2-norm: `a·v =
+    /// v·diag(w)`. The library states the values' order; a real matrix's conjugate pairs are
+    /// exact conjugates. A matrix the iteration does not converge on gets NaNs. Answers
+    /// `WrongDtype` for `a` not `f32`, `f64`, `c64` or `c128` or `w`/`v` not its complex dtype;
+    /// `ShapeMismatch` for a matrix that is not square or destinations of other shapes.
+    fn eig(&self, _w: &dyn Operand, _v: Option<&dyn Operand>, _a: &dyn Operand) -> Answer {
         Answer::Declined
     }
 }

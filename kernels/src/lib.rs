@@ -12,6 +12,7 @@
 
 mod array;
 pub mod buffer;
+mod contraction;
 pub mod door;
 pub mod dtype;
 pub mod host;
@@ -26,6 +27,9 @@ pub mod rig;
 
 pub use array::{AnyArray, Array};
 pub use buffer::{Access, Buffer, Death, MemoryKind};
+pub use contraction::{
+    accumulates, contraction_accumulator, widens_into, Contraction, Factor, Scale, Segmented, Segments,
+};
 pub use door::{door, refused, Answer, Operand};
 pub use dtype::convert::{convert, converted};
 pub use dtype::policy::{OpClass, Policy, PolicyChange};
@@ -33,8 +37,8 @@ pub use dtype::promote::{binary_result, float_math_input, promoted, result_type,
 pub use dtype::{Dtype, Element, Kind, Value};
 pub use host::Host;
 pub use kernels::{
-    attention_refusal, full_precision, half_spectrum, same_precision, scan_refusal, Attention, Contraction, Direction,
-    Extreme, Kernels, Kv, Reduction, Scatter,
+    attention_refusal, float_carrier, full_precision, half_spectrum, same_precision, scan_refusal, Attention,
+    Direction, Extreme, Kernels, Kv, Reduction, Scatter,
 };
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 pub use lease::Lease;

@@ -471,12 +471,7 @@ pub fn reduce_refusal(
     let mut k = 0;
     for (i, r) in reductions.iter().enumerate() {
         let t = prog.ty(prog.outputs[i]);
-        let ok = match r {
-            Reduction::Sum | Reduction::Prod => t != Ty::Bool,
-            Reduction::Logsumexp | Reduction::Moments => t.is_real_float(),
-            Reduction::Max | Reduction::Min | Reduction::Arg(_) => true,
-        };
-        if !ok {
+        if !r.accepts(t.dtype()) {
             return Some((Answer::WrongDtype, format!("{r:?} does not reduce {} terms", t.dtype())));
         }
         if matches!(r, Reduction::Arg(_)) && dsts[k + 1] != Dtype::I64 {

@@ -9,19 +9,12 @@ use num_complex::{Complex32, Complex64};
 use nx_kernels::{Answer, Array, Element, Host, Kernels, Move};
 use nx_mesh::Device;
 
+mod common;
+use common::val;
+
 const DEV: Device = Device { kind: nx_mesh::DeviceKind::Sim, ordinal: 0, rank: 0 };
 
 type C = Complex64;
-
-/// A uniform value in [−1, 1) from a hash of (k, salt): matrices of these are well conditioned
-/// as random matrices are (a linear congruence's values would make them nearly singular).
-fn val(k: usize, salt: usize) -> f64 {
-    let mut z = (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (salt as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-}
 
 /// A dtype under test, to and from complex f64, with its unit roundoff.
 trait Num: Element + Copy {

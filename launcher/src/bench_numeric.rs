@@ -1,13 +1,16 @@
 //! `nx bench kernels`' numeric rows: Fourier transforms (2²⁰ complex f32 points, and 1024
 //! transforms of 1024 along the rows of a 1024 × 1024 array) and the Cholesky factor of a
-//! 1024 × 1024 f64 matrix and its SVD, timed against numpy (`np.fft`, `np.linalg.cholesky`, `svd`)
-//! and, where torch is given, torch (`torch.fft`, `torch.linalg.cholesky`, `svd`) on the same threads
+//! 1024 × 1024 f64 matrix and its SVD, and a grouped matmul (4096 tokens of 1024 against 8
+//! experts of 1024 × 1024 in f32, each token's expert by its id: the segmented contraction),
+//! timed against numpy (`np.fft`, `np.linalg.cholesky`, `svd`)
+//! and, where torch is given, torch (`torch.fft`, `torch.linalg.cholesky`, `svd`; the grouped matmul as a user writes it, a
+//! matmul per expert of the rows its ids select) on the same threads
 //! (`benches/peer_numeric.py`), in rounds of the peers then nx back to back; `peer_ratio` is the
 //! median over rounds of (peer's time) / (nx's time).
 
 use num_complex::Complex32;
 use nx::kernels::rig::Rig;
-use nx::kernels::{Answer, Array, Direction, Host, Kernels};
+use nx::kernels::{Answer, Array, Contraction, Direction, Factor, Host, Kernels, Segmented, Segments};
 use nx::Device;
 
 use crate::bench::{median, time, Row};
@@ -18,11 +21,12 @@ type Error = Box<dyn std::error::Error>;
 const ROUNDS: usize = 3;
 
 /// The cases: the peer's JSON key, the row's name.
-const CASES: [(&str, &str); 4] = [
+const CASES: [(&str, &str); 5] = [
     ("fft", "fft 2^20 c64"),
     ("fft_batched", "fft 1024 x 1024 c64 along rows"),
     ("cholesky", "cholesky 1024 f64"),
     ("svd", "svd 1024 f64 (values and vectors)"),
+    ("grouped_matmul", "grouped matmul f32, 8 experts (4096 x 1024 by 1024 x 1024)"),
 ];
 
 /// The peers' medians, by case; `Err` where they cannot run.
@@ -60,12 +64,23 @@ pub(crate) fn rows(repeats: usize, python: &str) -> Result<(Vec<Row>, String), E
         Array::<f64>::zeros_on(&rig, &[1024])?,
         Array::<f64>::zeros_on(&rig, &[1024, 1024])?,
     );
+    let (tokens, width, experts) = (4096, 1024, 8);
+    let xt = Array::<f32>::from_fn_on(&rig, &[tokens, width], |i| nx::normal(24, (i[0] * width + i[1]) as u64) as f32)?;
+    let we = Array::<f32>::from_fn_on(&rig, &[experts, width, width], |i| {
+        nx::normal(25, ((i[0] * width + i[1]) * width + i[2]) as u64) as f32
+    })?;
+    // each token's expert uniform over the 8, as the peers' `randint`
+    let ids = Array::<i64>::from_fn_on(&rig, &[tokens], |i| (nx::normal(26, i[0] as u64).to_bits() % 8) as i64)?;
+    let go = Array::<f32>::zeros_on(&rig, &[tokens, width])?;
+    let moe = Contraction { contracting: vec![(1, 1)], batch: vec![] };
+    let seg = Segmented { segments: Segments::Rows { a_axis: 0, b_axis: 0 }, ids: &ids };
     let ok = |a: Answer| assert_eq!(a, Answer::Done, "a numeric benchmark's kernel");
     let mut run: Vec<Box<dyn FnMut()>> = vec![
         Box::new(|| ok(host.fft(Direction::Forward, &[0], &xo, &x))),
         Box::new(|| ok(host.fft(Direction::Forward, &[1], &yo, &y))),
         Box::new(|| ok(host.cholesky(&l, &a))),
         Box::new(|| ok(host.svd(Some(&u), &s, Some(&vh), &ma))),
+        Box::new(|| ok(host.contract_general(&moe, Some(seg), &go, Factor::plain(&xt), Factor::plain(&we), None))),
     ];
     let n = CASES.len();
     let (mut ours, mut np, mut th) = (vec![Vec::new(); n], vec![Vec::new(); n], vec![Vec::new(); n]);

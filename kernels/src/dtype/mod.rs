@@ -10,6 +10,7 @@ use num_complex::{Complex32, Complex64};
 use crate::{Error, Result};
 
 pub mod convert;
+pub mod fp8;
 pub mod policy;
 pub mod promote;
 

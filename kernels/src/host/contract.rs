@@ -9,33 +9,45 @@ use super::eval::Ptr;
 use super::through_door;
 use crate::door::{identical, Operand};
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
-use crate::kernels::Contraction;
 use crate::layout::{extent_product, Layout, Move};
+use crate::Contraction;
 use crate::{Answer, Dtype, Element};
 
-/// Output tile edge: fixed, so the tiling (hence every bit) does not depend on the thread count.
 /// An operand as a [B, rows, cols] view: base address and strides in elements.
 #[derive(Clone, Copy)]
-struct View {
-    base: Ptr,
-    offset: isize,
-    strides: [isize; 3],
+pub(crate) struct View {
+    pub(crate) base: Ptr,
+    pub(crate) offset: isize,
+    pub(crate) strides: [isize; 3],
+}
+
+impl View {
+    /// The element at `[b, r, c]`.
+    ///
+    /// # Safety
+    /// The view addresses live `T`s there.
+    pub(crate) unsafe fn load<T: Element>(&self, b: usize, r: usize, c: usize) -> T {
+        let pos =
+            self.offset + b as isize * self.strides[0] + r as isize * self.strides[1] + c as isize * self.strides[2];
+        // SAFETY: the caller's contract.
+        unsafe { T::load(self.base.at(T::DTYPE, pos)) }
+    }
 }
 
 /// The operand's layout permuted by `perm` and merged to `[b, r, c]`, if that is a view.
-fn as_view(layout: &Layout, perm: &[usize], dims: [usize; 3]) -> Option<(isize, [isize; 3])> {
+pub(crate) fn as_view(layout: &Layout, perm: &[usize], dims: [usize; 3]) -> Option<(isize, [isize; 3])> {
     let p = layout.apply(&Move::Permute(perm.to_vec())).ok()??;
     let v = p.apply(&Move::Reshape(dims.to_vec())).ok()??;
     Some((v.offset(), [v.strides()[0], v.strides()[1], v.strides()[2]]))
 }
 
+/// Elements converted a task at a time where the layout is contiguous.
+const CONVERT_TASK: usize = 1 << 16;
+
 /// The elements of `o` (of Rust type `S`) in C order of its layout permuted by `perm`, as `T`.
 ///
 /// # Safety
 /// A claim on `o`'s buffer is held and `S` is its element type.
-/// Elements converted a task at a time where the layout is contiguous.
-const CONVERT_TASK: usize = 1 << 16;
-
 unsafe fn pack<S: Element, T: Send>(o: &dyn Operand, perm: &[usize], conv: impl Fn(S) -> T + Sync) -> Vec<T> {
     let l = o.layout().apply(&Move::Permute(perm.to_vec())).ok().flatten().expect("a permutation of its axes");
     let base = Ptr::of(o);
@@ -53,18 +65,13 @@ unsafe fn pack<S: Element, T: Send>(o: &dyn Operand, perm: &[usize], conv: impl 
     l.positions().map(|p| conv(unsafe { S::load(base.at(S::DTYPE, p)) })).collect()
 }
 
-struct Dims {
-    b: usize,
-    m: usize,
-    n: usize,
-    k: usize,
+pub(crate) struct Dims {
+    pub(crate) b: usize,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
 }
 
-/// `dst[b] += lhs[b] · rhs[b]` for every batch, over fixed tiles of `dst` (C-contiguous
-/// [B, M, N] at `dst`).
-///
-/// # Safety
-/// The door's claims are held; the views address the operands' elements.
 /// `dst[b] (+)= lhs[b] · rhs[b]` for every batch `b` (`add`: accumulate into what `dst` holds;
 /// else overwrite it), `dst` C-contiguous (b, m, n). One batch takes every thread of the pool;
 /// many batches spread over the pool, one thread each. faer's product blocks the contracting axis
@@ -73,7 +80,7 @@ struct Dims {
 /// # Safety
 /// The views address valid `T`s of live memory over their (b, m, k) and (b, k, n) extents; `dst`
 /// holds b·m·n of them that nothing else touches meanwhile.
-unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync>(
+pub(crate) unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync>(
     d: &Dims,
     dst: Ptr,
     lhs: View,

@@ -1,5 +1,6 @@
 //! The matrix routines, through `faer`: Cholesky factors, triangular solves and general solves
-//! (LU with partial pivoting) on the last two axes of batched operands. Each matrix is read into
+//! (LU with partial pivoting), QR, SVD and the Hermitian and general eigendecompositions on the
+//! last two axes of batched operands. Each matrix is read into
 //! a column-major `faer::Mat` through its layout, factored or solved there, and written out.
 //! Several matrices run one per task, each on one thread; a single matrix runs on the library's
 //! threads (faer splits its products by output blocks, so the bits do not depend on their count).
@@ -571,6 +572,22 @@ pub(crate) fn svd(u: Option<&dyn Operand>, s: &dyn Operand, vh: Option<&dyn Oper
     })
 }
 
+/// The checks of an eigendecomposition's destinations: `a` square, `w` `[batch…, n]`, `v`
+/// (where given) of `a`'s shape, then the door's; the count of matrices and `n` where all pass.
+fn eigen_shapes(wr: &[&dyn Operand], rd: &[&dyn Operand], vectors: bool) -> Result<(usize, usize), Answer> {
+    let a = rd[0];
+    let Some((batch, m, n)) = split(a.layout()) else { return Err(Answer::ShapeMismatch) };
+    let fits =
+        m == n && vectors_of(wr[0].layout(), batch, n) && (!vectors || wr[1].layout().shape() == a.layout().shape());
+    if !fits {
+        return Err(Answer::ShapeMismatch);
+    }
+    if let Some(e) = destinations(wr, rd) {
+        return Err(e);
+    }
+    Ok((batch.iter().product(), n))
+}
+
 pub(crate) fn eigh(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
     let d = a.dtype();
     if !full_precision(d) || w.dtype() != real_of(d) || v.is_some_and(|v| v.dtype() != d) {
@@ -579,21 +596,14 @@ pub(crate) fn eigh(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) ->
     let vectors = v.is_some();
     let written: Vec<&dyn Operand> = [Some(w), v].into_iter().flatten().collect();
     through_door(&written, &[a], move |wr, rd, execute| {
-        let a = rd[0];
-        let Some((batch, m, n)) = split(a.layout()) else { return Answer::ShapeMismatch };
-        let fits = m == n
-            && vectors_of(wr[0].layout(), batch, n)
-            && (!vectors || wr[1].layout().shape() == a.layout().shape());
-        if !fits {
-            return Answer::ShapeMismatch;
-        }
-        if let Some(e) = destinations(wr, rd) {
-            return e;
-        }
+        let (count, n) = match eigen_shapes(wr, rd, vectors) {
+            Ok(dims) => dims,
+            Err(e) => return e,
+        };
         if !execute {
             return Answer::Done;
         }
-        let count = batch.iter().product();
+        let a = rd[0];
         let (wm, vm, am) = (Mats::of(wr[0]), vectors.then(|| Mats::of(wr[1])), Mats::of(a));
         use faer::linalg::evd::{self_adjoint_evd, self_adjoint_evd_scratch, ComputeEigenvectors};
         let how = if vectors { ComputeEigenvectors::Yes } else { ComputeEigenvectors::No };
@@ -622,6 +632,129 @@ pub(crate) fn eigh(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) ->
             };
         }
         dispatch_real!(d, go);
+        Answer::Done
+    })
+}
+
+/// The complex dtype of `d`'s precision: eig's values and vectors.
+fn complex_of(d: Dtype) -> Dtype {
+    match d {
+        Dtype::F32 | Dtype::C64 => Dtype::C64,
+        _ => Dtype::C128,
+    }
+}
+
+pub(crate) fn eig(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+    let d = a.dtype();
+    let c = complex_of(d);
+    if !full_precision(d) || w.dtype() != c || v.is_some_and(|v| v.dtype() != c) {
+        return Answer::WrongDtype;
+    }
+    let vectors = v.is_some();
+    let written: Vec<&dyn Operand> = [Some(w), v].into_iter().flatten().collect();
+    through_door(&written, &[a], move |wr, rd, execute| {
+        let (count, n) = match eigen_shapes(wr, rd, vectors) {
+            Ok(dims) => dims,
+            Err(e) => return e,
+        };
+        if !execute {
+            return Answer::Done;
+        }
+        let a = rd[0];
+        let (wm, vm, am) = (Mats::of(wr[0]), vectors.then(|| Mats::of(wr[1])), Mats::of(a));
+        use faer::linalg::evd::{evd_cplx, evd_real, evd_scratch, ComputeEigenvectors};
+        let how = if vectors { ComputeEigenvectors::Yes } else { ComputeEigenvectors::No };
+        // Writes matrix b's values (and vectors), NaNs where the iteration failed.
+        macro_rules! out {
+            ($c:ty, $b:expr, $ok:expr, $vals:expr, $vecs:expr) => {{
+                let (mut vals, mut vecs): (Vec<$c>, Mat<$c>) = ($vals, $vecs);
+                if !$ok {
+                    vals.fill(<$c as Field>::NAN);
+                    vecs.fill(<$c as Field>::NAN);
+                }
+                for (i, x) in vals.iter().enumerate() {
+                    // SAFETY: under the call's claims, at a position of the checked layout;
+                    // vector b of a destination is written by this task alone.
+                    unsafe { <$c as Element>::store(vec_at(&wm, $b, i), *x) };
+                }
+                if let Some(vm) = &vm {
+                    // each column to unit 2-norm (faer's scaled norm; a zero column stays zero)
+                    for j in 0..vecs.ncols() {
+                        let norm = vecs.col(j).norm_l2();
+                        if norm > 0.0 {
+                            for i in 0..vecs.nrows() {
+                                vecs[(i, j)] = <$c>::new(vecs[(i, j)].re / norm, vecs[(i, j)].im / norm);
+                            }
+                        }
+                    }
+                    vm.write($b, vecs.as_ref());
+                }
+            }};
+        }
+        macro_rules! real {
+            ($t:ty, $c:ty) => {
+                each_seq(count, |b, par| {
+                    let x = am.read::<$t>(b);
+                    let (mut re, mut im) = (faer::diag::Diag::<$t>::zeros(n), faer::diag::Diag::<$t>::zeros(n));
+                    let mut ur = Mat::<$t>::zeros(n, n);
+                    let ok = n == 0 || {
+                        let mut mem =
+                            MemBuffer::new(evd_scratch::<$t>(n, ComputeEigenvectors::No, how, par, Default::default()));
+                        let ou = if vectors { Some(ur.as_mut()) } else { None };
+                        let stack = MemStack::new(&mut mem);
+                        evd_real(x.as_ref(), re.as_mut(), im.as_mut(), None, ou, par, stack, Default::default()).is_ok()
+                    };
+                    // a conjugate pair's vectors are held as the real and imaginary parts of the
+                    // first's, in two adjacent columns (LAPACK's convention)
+                    let (re, im) = (re.column_vector(), im.column_vector());
+                    let mut vals = vec![<$c>::new(0.0, 0.0); n];
+                    let mut vecs = Mat::<$c>::zeros(if vectors { n } else { 0 }, if vectors { n } else { 0 });
+                    let mut j = 0;
+                    while j < n {
+                        if im[j] == 0.0 || j + 1 == n {
+                            vals[j] = <$c>::new(re[j], im[j]);
+                            for i in 0..vecs.nrows() {
+                                vecs[(i, j)] = <$c>::new(ur[(i, j)], 0.0);
+                            }
+                            j += 1;
+                        } else {
+                            vals[j] = <$c>::new(re[j], im[j]);
+                            vals[j + 1] = <$c>::new(re[j], -im[j]);
+                            for i in 0..vecs.nrows() {
+                                vecs[(i, j)] = <$c>::new(ur[(i, j)], ur[(i, j + 1)]);
+                                vecs[(i, j + 1)] = <$c>::new(ur[(i, j)], -ur[(i, j + 1)]);
+                            }
+                            j += 2;
+                        }
+                    }
+                    out!($c, b, ok, vals, vecs);
+                })
+            };
+        }
+        macro_rules! complex {
+            ($c:ty) => {
+                each_seq(count, |b, par| {
+                    let x = am.read::<$c>(b);
+                    let mut s = faer::diag::Diag::<$c>::zeros(n);
+                    let mut ur = Mat::<$c>::zeros(if vectors { n } else { 0 }, if vectors { n } else { 0 });
+                    let ok = n == 0 || {
+                        let mut mem =
+                            MemBuffer::new(evd_scratch::<$c>(n, ComputeEigenvectors::No, how, par, Default::default()));
+                        let ou = if vectors { Some(ur.as_mut()) } else { None };
+                        let stack = MemStack::new(&mut mem);
+                        evd_cplx(x.as_ref(), s.as_mut(), None, ou, par, stack, Default::default()).is_ok()
+                    };
+                    let vals: Vec<$c> = s.column_vector().iter().copied().collect();
+                    out!($c, b, ok, vals, ur);
+                })
+            };
+        }
+        match d {
+            Dtype::F32 => real!(f32, Complex32),
+            Dtype::F64 => real!(f64, Complex64),
+            Dtype::C64 => complex!(Complex32),
+            _ => complex!(Complex64),
+        }
         Answer::Done
     })
 }

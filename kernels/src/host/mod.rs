@@ -25,7 +25,13 @@
 //!   over windows of the padded operand, never materialised).
 //! - **attention**: dense and paged, grouped query heads, causal masks and lengths, operands of
 //!   `f16`, `bf16`, `f32` (and `f64` with an `f64` accumulator), accumulators `f32` and `f64`.
-//! - Fourier transforms, matrix routines: declined (not built yet).
+//! - **contract_general**: block-scaled operands (`Exponent` codes and `Value` scales), `Rows`
+//!   and `Contracting` segments, and operands of any dtype that widens exactly into the
+//!   accumulator ([`crate::widens_into`]): every integer accumulator (`i8` to `u64`, wrapping:
+//!   `i8` operands into `i32` is the int8 contraction), `f32` and `f64` (narrower float operands
+//!   widened), `c64` and `c128`. Refuses exponent codes on an integer accumulator.
+//! - **fft** (complex and real forms, every length), **matrix routines** (Cholesky, triangular
+//!   and LU solves, QR, SVD, eigh, eig) on `f32`, `f64`, `c64`, `c128`.
 //!
 //! # Algorithms
 //!
@@ -101,12 +107,23 @@
 //!   the same bits on any thread count), a single QR, SVD or eigendecomposition on one thread
 //!   (faer's split of those changes the bits: tested with 1, 2 and 8 threads). Singular values
 //!   descend, eigenvalues ascend; the factors' signs are those faer's reflections and rotations
-//!   leave.
+//!   leave. `eig` reduces to Hessenberg then Schur form (faer's `evd_real`/`evd_cplx`): the
+//!   values in the order of the Schur form's diagonal, a real matrix's conjugate pair adjacent
+//!   (the one faer's real Schur block gives first, then its conjugate); each vector scaled to
+//!   unit 2-norm, its phase as faer leaves it.
 //! - **Contractions** permute each operand to (batch, free, contracting) as a view, or copy it
 //!   when no view exists, and call `faer`'s matrix product per batch: one batch on every thread of
 //!   the pool, many batches one thread each. faer blocks the contracting axis by cache sizes alone,
 //!   so the bits are independent of the thread count (tested with 1, 2 and 8 threads, past a
 //!   block of the contracting axis).
+//! - **General contractions** read an operand that is not the accumulator's dtype, or is scaled,
+//!   into the accumulator in its permuted C order (each element times its block's scale, one
+//!   rounding), else in place. `Rows` segments gather each group's rows into one block, multiply
+//!   it by the group's slice of `b` with the product above and write the rows back; `Contracting`
+//!   segments gather each group's contracting indices, in their order, from both operands. Integer
+//!   products (`int_product`) accumulate in `i32` (accumulators up to 32 bits) or `i64`, wrapping,
+//!   in tiles of 256 contracting indices by 512 columns per task of 32 rows, the loop compiled for
+//!   AVX-512, AVX2 and the baseline: exact, so the same bits on any thread count.
 //!
 //! # Error bounds
 //!
@@ -128,7 +145,10 @@
 //!   (2ε + (tk + 8)·u)·max|v| of the exact weighted sum (u the accumulator's unit roundoff), before
 //!   the rounding into the destination's dtype.
 //! - A contraction output with K products is within γ(K + 1)·(|init| + Σ|a||b|) for real dtypes
-//!   (each product fused into one addition, then `init`) and within γ(2K + 2) for complex ones.
+//!   (each product fused into one addition, then `init`) and within γ(2K + 2) for complex ones;
+//!   a scaled operand's element adds one rounding (its product by the scale; none for exponent
+//!   codes but where the result is subnormal), within γ(K + 3) for real dtypes. Integer
+//!   contractions are exact modulo 2^w, w the accumulator's width.
 //! - A Fourier transform along axes of n₁, n₂, … points has each output within
 //!   5·u·(⌈log₂ n₁⌉ + ⌈log₂ n₂⌉ + …)·Σ|x| of the exact transform (u the parts' unit roundoff,
 //!   Σ|x| over the lanes the output reads; `rustfft`'s mixed-radix, Rader and Bluestein plans,
@@ -151,11 +171,13 @@ mod assemble;
 mod attention;
 mod attention_rows;
 mod contract;
+mod contract_general;
 pub(crate) mod eval;
 mod fft;
 mod fold;
 mod fused;
 mod gather;
+mod int_product;
 mod lanes;
 mod linalg;
 mod map;
@@ -166,8 +188,9 @@ mod sort;
 
 use std::sync::Arc;
 
+use crate::contraction::{Contraction, Factor, Segmented};
 use crate::door::Operand;
-use crate::kernels::{Attention, Contraction, Direction, Kernels, Kv, Reduction, Scatter};
+use crate::kernels::{Attention, Direction, Kernels, Kv, Reduction, Scatter};
 use crate::prog::Prog;
 use crate::rig::Work;
 use crate::{Answer, Error, Result};
@@ -238,6 +261,18 @@ impl Kernels for Host {
         init: Option<&dyn Operand>,
     ) -> Answer {
         self.run(|| contract::contract(spec, dst, a, b, init))
+    }
+
+    fn contract_general(
+        &self,
+        spec: &Contraction,
+        segments: Option<Segmented<'_>>,
+        dst: &dyn Operand,
+        a: Factor<'_>,
+        b: Factor<'_>,
+        init: Option<&dyn Operand>,
+    ) -> Answer {
+        self.run(|| contract_general::contract_general(spec, segments, dst, a, b, init))
     }
 
     fn scan(
@@ -347,6 +382,10 @@ impl Kernels for Host {
 
     fn eigh(&self, w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
         self.run(|| linalg::eigh(w, v, a))
+    }
+
+    fn eig(&self, w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+        self.run(|| linalg::eig(w, v, a))
     }
 }
 
