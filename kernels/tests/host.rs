@@ -761,4 +761,8 @@ fn general_contractions_halves_and_complex() {
     let eye = Array::<f32>::from_vec(DEV, &[2, 2], vec![1.0, 0.0, 0.0, 1.0]).unwrap();
     assert_eq!(host.contract(&Contraction::matmul(0), &acc, &eye, &eye, Some(&acc.clone())), Answer::Done);
     assert_eq!(acc.to_vec().unwrap(), [2.0, 1.0, 1.0, 2.0]);
+    // a destination that is an operand (read at other indices): refused before any write
+    assert_eq!(host.contract(&Contraction::matmul(0), &acc, &acc.clone(), &eye, None), Answer::Overlapping);
+    assert_eq!(host.contract(&Contraction::matmul(0), &acc, &eye, &acc.clone(), None), Answer::Overlapping);
+    assert_eq!(acc.to_vec().unwrap(), [2.0, 1.0, 1.0, 2.0]);
 }

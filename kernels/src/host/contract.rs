@@ -133,8 +133,9 @@ pub(crate) fn contract(
         if dst.layout().shape() != out_shape || init.is_some_and(|i| i.layout().shape() != out_shape) {
             return Answer::ShapeMismatch;
         }
-        if !dst.layout().is_contiguous() {
-            return Answer::Declined;
+        // a and b are read at other indices than the result's: they must not share its bytes
+        if let Some(e) = super::destinations(&[dst], &[a, b]) {
+            return e;
         }
         if !run {
             return Answer::Done;
