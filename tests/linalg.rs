@@ -149,6 +149,11 @@ fn decompositions_reconstruct_their_matrices_on_every_mesh() {
             assert!(w.placement().equal(&p) && v.placement().equal(&p));
             let (w, v) = (w.full()?.to_vec()?, v.full()?.to_vec()?);
             for b in 0..batch {
+                for j in 0..n {
+                    // unit columns: zero vectors would satisfy the residual check alone
+                    let len: f64 = (0..n).map(|t| v[(b * n + t) * n + j].norm_sqr()).sum::<f64>().sqrt();
+                    assert!((len - 1.0).abs() < 1e-12, "column {j} of batch {b}: norm {len}");
+                }
                 for i in 0..n {
                     for j in 0..n {
                         let xv: num_complex::Complex64 = (0..n).map(|t| v[(b * n + t) * n + j] * sq(&[b, i, t])).sum();
