@@ -10,7 +10,8 @@
 //! (micro-batches a step, gradients accumulated), `--save DIR --save-every N` (sharded
 //! checkpoints: parameters, AdamW's state, progress; [`nx::ckpt`]), `--resume DIR` (on any mesh;
 //! `--steps` counts from the start of training), `--digits N`, `--layers N`, `--width N`, `--heads N`, `--batch N`,
-//! `--lr X`, `--no-reference`. It trains the same model on one device beside it (the same
+//! `--lr X`, `--no-reference`, `--dry-run` (the kernels, collectives and peak memory per device the
+//! training would use, running no kernel: [`nx::dry`]). It trains the same model on one device beside it (the same
 //! weights and batches) and exits non-zero where the first 20 steps' losses differ by more than
 //! 1e-3 relative (3e-2 in bf16): a wrong gradient, a wrong placement rule or a lost sum shows at
 //! once. It prints the final losses (the mean of the last 20 steps) and held-out accuracies of
@@ -28,9 +29,10 @@ mod gpt_task;
 
 use gpt_task::Config;
 
-fn parse() -> Result<(Config, bool), String> {
+fn parse() -> Result<(Config, bool, bool), String> {
     let mut cfg = Config::default();
     let mut reference = true;
+    let mut dry = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     let num = |v: &str, what: &str| v.parse::<usize>().map_err(|_| format!("{what} {v}: not a number"));
@@ -43,6 +45,11 @@ fn parse() -> Result<(Config, bool), String> {
             }
             "--no-reference" => {
                 reference = false;
+                i += 1;
+                continue;
+            }
+            "--dry-run" => {
+                dry = true;
                 i += 1;
                 continue;
             }
@@ -77,7 +84,7 @@ fn parse() -> Result<(Config, bool), String> {
             "--lr" => cfg.lr = val.parse().map_err(|_| format!("--lr {val}: not a number"))?,
             other => {
                 return Err(format!(
-                    "unknown option {other} (--mesh dp=2,tp=2 --steps 800 --seed 1 --zero --bf16 --micro 1 --save DIR --save-every 100 --resume DIR --digits 2 --layers 4 --width 128 --heads 4 --batch 64 --lr 0.0006 --no-reference)"
+                    "unknown option {other} (--mesh dp=2,tp=2 --steps 800 --seed 1 --zero --bf16 --micro 1 --save DIR --save-every 100 --resume DIR --digits 2 --layers 4 --width 128 --heads 4 --batch 64 --lr 0.0006 --no-reference --dry-run)"
                 ))
             }
         }
@@ -86,11 +93,11 @@ fn parse() -> Result<(Config, bool), String> {
     if cfg.steps == 0 || cfg.batch == 0 || cfg.layers == 0 || cfg.width == 0 || cfg.heads == 0 {
         return Err("--steps, --batch, --layers, --width and --heads need at least 1".into());
     }
-    Ok((cfg, reference))
+    Ok((cfg, reference, dry))
 }
 
 fn main() -> ExitCode {
-    let (cfg, with_reference) = match parse() {
+    let (cfg, with_reference, dry) = match parse() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("train_gpt: {e}");
@@ -98,6 +105,22 @@ fn main() -> ExitCode {
         }
     };
     let opts = nx::LaunchOptions { devices: Some(cfg.dp * cfg.tp), ..Default::default() };
+    if dry {
+        // what the training would run: its kernels checked, not run, and its collectives and memory
+        return match nx::dry::run(&opts, nx::Observe::Dry, |ctx| gpt_task::train(ctx, &cfg).map(|_| ())) {
+            Ok(reports) => {
+                println!("train_gpt --dry-run over dp={},tp={}, {} steps: no kernel ran", cfg.dp, cfg.tp, cfg.steps);
+                for r in &reports {
+                    println!("{}", r.text());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("train_gpt: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runs = match nx::launch_with(&opts, |ctx| {
         if ctx.rank() == 0 {
             let params = gpt_task::model(&cfg)?.config;

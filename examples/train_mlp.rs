@@ -5,7 +5,8 @@
 //!
 //! Runs on the simulated mesh by default (`cargo run --release --example train_mlp`), and one rank
 //! per process under `mpirun -n 4` (built with `--features mpi`). Options: `--mesh dp=2,tp=4`,
-//! `--steps N`, `--lr X`, `--save DIR --save-every N`, `--resume DIR` (sharded checkpoints of the
+//! `--steps N`, `--lr X`, `--dry-run` (report the kernels, collectives and peak memory per device
+//! the training would use, running no kernel: [`nx::dry`]), `--save DIR --save-every N`, `--resume DIR` (sharded checkpoints of the
 //! parameters and the step, [`nx::ckpt`]; resumed on any mesh, `--steps` counting from the start). It checks its own result against the same training on one device and
 //! exits non-zero when they differ by more than 1e-5 relative, or when the held-out accuracy is
 //! not above 90%.
@@ -15,11 +16,17 @@ use std::process::ExitCode;
 #[path = "common/mlp.rs"]
 mod mlp;
 
-fn parse() -> Result<mlp::Config, String> {
+fn parse() -> Result<(mlp::Config, bool), String> {
     let mut cfg = mlp::Config::default();
+    let mut dry = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
+        if args[i] == "--dry-run" {
+            dry = true;
+            i += 1;
+            continue;
+        }
         let val = args.get(i + 1).ok_or_else(|| format!("{} needs a value", args[i]))?;
         match args[i].as_str() {
             "--mesh" => {
@@ -35,15 +42,15 @@ fn parse() -> Result<mlp::Config, String> {
             "--save" => cfg.save = Some(val.into()),
             "--save-every" => cfg.save_every = val.parse().map_err(|_| format!("--save-every {val}: not a number"))?,
             "--resume" => cfg.resume = Some(val.into()),
-            other => return Err(format!("unknown option {other} (--mesh dp=2,tp=2 --steps 150 --lr 0.5 --save DIR --save-every 50 --resume DIR)")),
+            other => return Err(format!("unknown option {other} (--mesh dp=2,tp=2 --steps 150 --lr 0.5 --save DIR --save-every 50 --resume DIR --dry-run)")),
         }
         i += 2;
     }
-    Ok(cfg)
+    Ok((cfg, dry))
 }
 
 fn main() -> ExitCode {
-    let cfg = match parse() {
+    let (cfg, dry) = match parse() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("train_mlp: {e}");
@@ -51,6 +58,23 @@ fn main() -> ExitCode {
         }
     };
     let opts = nx::LaunchOptions { devices: Some(cfg.dp * cfg.tp), ..Default::default() };
+    if dry {
+        // what the training would run: its kernels checked, not run, and its collectives and memory
+        let quiet = mlp::Config { verbose: false, ..cfg.clone() };
+        return match nx::dry::run(&opts, nx::Observe::Dry, |ctx| mlp::train(ctx, &quiet).map(|_| ())) {
+            Ok(reports) => {
+                println!("train_mlp --dry-run over dp={},tp={}: no kernel ran", cfg.dp, cfg.tp);
+                for r in &reports {
+                    println!("{}", r.text());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("train_mlp: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runs = match nx::launch_with(&opts, |ctx| {
         if ctx.rank() == 0 {
             println!(

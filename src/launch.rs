@@ -8,10 +8,12 @@
 //! The same program text runs in every mode.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nx_collectives::sim::{self, SimComm, SimOptions};
 use nx_collectives::{Communicator, ReduceOp, Reducible};
+use nx_kernels::observe::{Launch, Observer, Recording};
 use nx_kernels::rig::{QueueOptions, Rig, RigOptions};
 use nx_kernels::Host;
 use nx_mesh::{Device, Devices, Mesh};
@@ -47,6 +49,29 @@ pub struct LaunchOptions {
     /// do (per host, then across hosts: the same bits); default `NX_SIM_HOSTS` (`2,2`) where set
     /// and the launch is not `local`, else one host.
     pub sim_hosts: Option<Vec<usize>>,
+    /// Watch every kernel call of each rank ([`crate::dry`]): record them, and where
+    /// [`Observe::Dry`] check them without running them (default: neither).
+    pub observe: Option<Observe>,
+}
+
+/// How a launch watches its kernel calls ([`LaunchOptions::observe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observe {
+    /// A dry run: each call is recorded and checked, not run (values are left as they were).
+    Dry,
+    /// A trace: each call is recorded and runs.
+    Trace,
+}
+
+/// Each rank's library watched as `observe` asks, and the record it keeps.
+fn observed(host: &Host, observe: Option<Observe>) -> (Host, Option<Arc<Recording>>) {
+    match observe {
+        None => (host.clone(), None),
+        Some(o) => {
+            let rec = Arc::new(if o == Observe::Dry { Recording::dry() } else { Recording::trace() });
+            (host.observed(rec.clone()), Some(rec))
+        }
+    }
 }
 
 /// The communicator a rank was launched with.
@@ -151,6 +176,8 @@ struct Inner<'d> {
     host: Host,
     rig: Rig,
     auto_place: bool,
+    /// The record of this rank's kernel calls, where the launch watches them.
+    recording: Option<Arc<Recording>>,
 }
 
 /// What the SPMD body of [`launch`] receives on each rank: the world's device set, this rank's
@@ -211,6 +238,17 @@ impl<'d> Ctx<'d> {
     /// the caching pool its tensors take memory from.
     pub fn rig(&self) -> &Rig {
         &self.inner.rig
+    }
+
+    /// Returns the kernel calls this rank made so far, in order, where the launch watches them
+    /// ([`LaunchOptions::observe`]); else none.
+    pub fn launches(&self) -> Vec<Launch> {
+        self.inner.recording.as_ref().map(|r| r.launches()).unwrap_or_default()
+    }
+
+    /// Returns whether this launch is a dry run: kernels checked, not run.
+    pub fn is_dry(&self) -> bool {
+        self.inner.recording.as_ref().is_some_and(|r| r.active())
     }
 
     /// Whether maps place mismatched operands themselves ([`LaunchOptions::auto_place`]).
@@ -387,10 +425,13 @@ where
     let queue = sim_queue(opts)?;
     let hosts = sim_hosts(opts, n)?;
     let sopts = SimOptions { checked, timeout, faults: opts.faults.clone(), hosts };
+    // one library for every simulated rank: one pool of the machine's cores, not one per rank
+    let host = Host::new();
     Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
         let index = comm.rank();
         let queue = queue.map(|q| QueueOptions { seed: q.seed ^ index as u64, ..q });
         let rig = Rig::new(Device::sim(index), RigOptions { queue, limit: opts.memory_limit })?;
+        let (host, recording) = observed(&host, opts.observe);
         Devices::with(Device::sims(n), |devices| {
             let ctx = Ctx {
                 inner: Rc::new(Inner {
@@ -398,9 +439,10 @@ where
                     groups: Default::default(),
                     devices,
                     index,
-                    host: Host::new(),
+                    host: host.clone(),
                     rig,
                     auto_place: opts.auto_place,
+                    recording: recording.clone(),
                 }),
             };
             body(&ctx)
@@ -415,14 +457,21 @@ where
     F: for<'d> Fn(&Ctx<'d>) -> Result<R>,
 {
     use nx_collectives::mpi::{self, MpiComm, MpiOptions};
-    let (auto_place, limit) = (opts.auto_place, opts.memory_limit);
+    let (auto_place, limit, observe) = (opts.auto_place, opts.memory_limit, opts.observe);
     let r = mpi::run(MpiOptions { checked, timeout }, |comm: MpiComm| -> Result<R> {
         let (n, index) = (comm.size(), comm.rank());
         let list: Vec<Device> = (0..n).map(|r| Device::new(nx_mesh::DeviceKind::Cpu, r, r)).collect();
         let rig = Rig::new(list[index], RigOptions { queue: None, limit })?;
         Devices::with(list, |devices| {
-            // ranks may share a host: one rayon thread each keeps them from oversubscribing it
-            let host = Host::with_threads(1)?;
+            // the ranks sharing this host share its cores: a rank bound to some CPUs (mpirun's
+            // binding) a pool of its cores, an unbound one its part of the host's
+            let hosts = comm.hosts();
+            let here = hosts.iter().filter(|&&h| h == hosts[index]).count().max(1);
+            let readings = nx_kernels::facts::CpuReadings::read();
+            let bound = !readings.allowed.is_empty() && readings.allowed.len() < readings.core_of.len();
+            let cores = nx_kernels::facts::Cores::from_readings(&readings).count;
+            let host = Host::with_threads(if bound { cores } else { (cores / here).max(1) })?;
+            let (host, recording) = observed(&host, observe);
             let ctx = Ctx {
                 inner: Rc::new(Inner {
                     comm: Comm::Mpi(comm),
@@ -432,6 +481,7 @@ where
                     host,
                     rig,
                     auto_place,
+                    recording,
                 }),
             };
             body(&ctx)

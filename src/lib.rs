@@ -25,6 +25,7 @@
 
 pub mod autodiff;
 pub mod ckpt;
+pub mod dry;
 mod fft;
 mod grouped;
 mod launch;
@@ -38,7 +39,7 @@ mod tensor;
 pub mod testing;
 
 pub use fft::{FftComplex, FftReal};
-pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions};
+pub use launch::{launch, launch_with, Comm, Ctx, LaunchOptions, Observe};
 pub use linalg::{Eig, MatrixField};
 pub use tensor::{from_f64, normal, splitmix64, uniform, Tensor};
 

@@ -55,6 +55,17 @@ fn examples_run_on_the_simulated_mesh() {
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("final loss:") && text.contains("held-out accuracy:"), "{text}");
     checksum(&out);
+    // --dry-run: the report of every rank, no kernel run
+    for (name, args) in [("train_mlp", &["--steps", "3", "--mesh", "dp=2,tp=4"][..]), ("train_gpt", GPT)] {
+        let mut cmd = Command::new(example(name));
+        cmd.args(args).arg("--dry-run");
+        let out = run(cmd, Duration::from_secs(120));
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{name} --dry-run: {text}{}", String::from_utf8_lossy(&out.stderr));
+        let ranks = if name == "train_mlp" { 8 } else { 4 };
+        assert!(text.contains("no kernel ran") && text.matches("peak memory: ").count() == ranks, "{text}");
+        assert!(text.contains("AllReduce") && text.contains("contract"), "{text}");
+    }
     // bad options: a clear error and a failure
     let mut cmd = Command::new(example("train_gpt"));
     cmd.args(["--mesh", "dp=2,tp=3"]);

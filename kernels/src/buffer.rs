@@ -99,12 +99,14 @@ impl fmt::Display for Death {
     }
 }
 
-/// Host memory from the system: 64-byte aligned, zeroed when fresh.
+/// Host memory from the system (64-byte aligned, zeroed when fresh), or lent by foreign code.
 pub(crate) struct Raw {
     ptr: NonNull<u8>,
     layout: AllocLayout,
     /// Mapped by `mmap` (freed by `munmap`), not by the allocator.
     mapped: bool,
+    /// Foreign memory's release (a DLPack producer's deleter), run in place of freeing it.
+    release: Option<Box<dyn FnOnce() + Send>>,
 }
 
 // SAFETY: `Raw` owns its allocation; the bytes are touched only through the buffers built on it,
@@ -132,16 +134,25 @@ pub(crate) fn alloc_raw(bytes: usize) -> Option<Raw> {
         if p as isize != -1 && !p.is_null() {
             // SAFETY: the range was just mapped; a refused hint leaves ordinary pages.
             unsafe { os::madvise(p, layout.size(), os::MADV_HUGEPAGE) };
-            return Some(Raw { ptr: NonNull::new(p.cast::<u8>()).expect("not null"), layout, mapped: true });
+            return Some(Raw {
+                ptr: NonNull::new(p.cast::<u8>()).expect("not null"),
+                layout,
+                mapped: true,
+                release: None,
+            });
         }
     }
     // SAFETY: `layout` has a non-zero size.
     let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
-    Some(Raw { ptr, layout, mapped: false })
+    Some(Raw { ptr, layout, mapped: false, release: None })
 }
 
-/// Gives `raw` back to the system.
-pub(crate) fn free_raw(raw: Raw) {
+/// Gives `raw` back to the system (foreign memory: back to its owner, by its release).
+pub(crate) fn free_raw(mut raw: Raw) {
+    if let Some(release) = raw.release.take() {
+        release();
+        return;
+    }
     #[cfg(target_os = "linux")]
     if raw.mapped {
         // SAFETY: `ptr` was mapped with this length by `mmap` and is unmapped once, here.
@@ -290,6 +301,32 @@ impl Buffer {
             Arc::default(),
             Some(rig.clone()),
         ))
+    }
+
+    /// A buffer over `bytes` bytes of host memory at `ptr` that foreign code lends (a DLPack
+    /// producer's tensor): `release` runs once, when the last buffer and the last work over the
+    /// memory have ended, in place of freeing it. The memory never enters a pool.
+    ///
+    /// # Safety
+    /// `ptr` must stay valid for reads (and, for [`Access::ReadWrite`], writes) of `bytes` bytes
+    /// until `release` runs, and nothing outside this buffer's claims may write it meanwhile.
+    pub(crate) unsafe fn foreign(
+        device: Device,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        access: Access,
+        release: Box<dyn FnOnce() + Send>,
+    ) -> Buffer {
+        let layout = AllocLayout::from_size_align(bytes.max(1), 1).expect("a size the producer holds");
+        let raw = Raw { ptr, layout, mapped: false, release: Some(release) };
+        let memory =
+            Memory { raw: Some(raw), len: bytes, kind: MemoryKind::Host, pool: None, pending: Mutex::default() };
+        Buffer::from_parts(device, bytes, access, Some(Arc::new(memory)), Arc::default(), None)
+    }
+
+    /// Claims this buffer's memory (shared, or exclusive where `write`) until the guard drops.
+    pub(crate) fn claim(&self, write: bool) -> std::result::Result<Claims, ClaimRefusal> {
+        Claims::take(&[(self.clone(), if write { Claim::Exclusive } else { Claim::Shared })])
     }
 
     /// A buffer describing `bytes` bytes of memory on `device` that this process does not address

@@ -13,8 +13,10 @@
 mod array;
 pub mod buffer;
 mod contraction;
+pub mod dlpack;
 pub mod door;
 pub mod dtype;
+pub mod facts;
 pub mod host;
 pub mod kernels;
 pub mod layout;
@@ -22,6 +24,7 @@ mod lease;
 pub mod loads;
 #[cfg(feature = "ndarray")]
 mod ndarray_conv;
+pub mod observe;
 pub mod prog;
 pub mod rig;
 

@@ -10,6 +10,7 @@ mod bench_coll;
 mod bench_index;
 mod bench_numeric;
 mod ckpt;
+mod info;
 mod show;
 
 /// nx: a distributed SPMD tensor framework.
@@ -31,8 +32,8 @@ enum Command {
     Bench(Bench),
     /// Start N ranks of a program, connect them through a store, and supervise them.
     Run(RunArgs),
-    /// The backends compiled in, the libraries found on this machine, the devices a program gets.
-    Info,
+    /// The backends compiled in, the libraries found, the devices a program gets, the host's facts.
+    Info(info::InfoArgs),
     /// Checkpoints: list one, or merge it into one safetensors file.
     #[command(subcommand)]
     Ckpt(ckpt::Ckpt),
@@ -129,40 +130,6 @@ fn run_cmd(a: RunArgs) -> ExitCode {
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
-fn info() -> String {
-    let lib = |names: &[&str]| {
-        let dirs = [
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/lib64",
-            "/usr/lib",
-            "/usr/local/lib",
-            "/usr/local/cuda/lib64",
-            "/usr/local/nvidia/lib64",
-        ];
-        names.iter().flat_map(|n| dirs.iter().map(move |d| std::path::Path::new(d).join(n))).find(|p| p.exists())
-    };
-    let found =
-        |p: Option<std::path::PathBuf>| p.map_or("not found".to_string(), |p| format!("found ({})", p.display()));
-    let mpi_built = cfg!(feature = "mpi");
-    let sim = std::env::var("NX_SIM_DEVICES").unwrap_or_else(|_| "4".into());
-    format!(
-        "nx {}
-backends compiled in: sim{}; cuda, nccl: not built yet
-mpirun: {}
-MPI library: {}
-CUDA driver: {}
-NCCL: {}
-devices a program gets: {} simulated (NX_SIM_DEVICES), or one cpu device per rank under mpirun",
-        env!("CARGO_PKG_VERSION"),
-        if mpi_built { ", mpi" } else { " (mpi: build with --features mpi)" },
-        if on_path("mpirun") { "on PATH" } else { "not on PATH" },
-        found(lib(&["libmpi.so", "libmpi.so.40"])),
-        found(lib(&["libcuda.so", "libcuda.so.1"])),
-        found(lib(&["libnccl.so", "libnccl.so.2"])),
-        sim
-    )
-}
-
 #[derive(Subcommand, Debug)]
 enum Bench {
     /// Host kernels: maps, sums and matmuls against the copy bandwidth and numpy.
@@ -197,7 +164,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => return run_cmd(a),
         Command::Rank(a) => return ExitCode::from(nx_launcher::rank::rank(&a).clamp(0, 255) as u8),
-        Command::Info => Ok(info()),
+        Command::Info(a) => info::info(&a),
         Command::Show(a) => show::show(&a),
         Command::Plan(a) => show::plan(&a),
         Command::Ckpt(c) => ckpt::ckpt(&c).map_err(Into::into),

@@ -310,3 +310,34 @@ fn bad_invocations_are_one_clear_line() {
     let o = Command::new(NX).arg("info").output().unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains("backends compiled in: sim"));
 }
+
+/// `nx info --json`: the host's facts (memory naming its source, the cores this process may use),
+/// the pool's size and thresholds kept in the given cache, every shipped device; `--device` one.
+#[test]
+fn info_prints_the_facts_as_json() {
+    let cache = std::env::temp_dir().join(format!("nx-info-cache-{}", std::process::id()));
+    let o = Command::new(NX).args(["info", "--json"]).env("XDG_CACHE_HOME", &cache).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let src = v["host"]["memory"]["source"].as_str().unwrap();
+    assert!(src == "/proc/meminfo" || src.starts_with("cgroup v"), "{src}");
+    let cores = v["host"]["usable_cores"].as_u64().unwrap();
+    assert_eq!(v["pool"]["threads"].as_u64(), Some(cores));
+    let origin = v["pool"]["thresholds_source"].as_str().unwrap();
+    if cores > 1 {
+        // measured now and kept in the cache given: the second run reads them
+        assert!(origin.contains(&cache.join("nx").join("host").display().to_string()), "{origin}");
+        let again = Command::new(NX).args(["info", "--json"]).env("XDG_CACHE_HOME", &cache).output().unwrap();
+        let w: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+        assert!(w["pool"]["thresholds_source"].as_str().unwrap().starts_with("read from"), "{w}");
+        assert_eq!(w["pool"]["thresholds"], v["pool"]["thresholds"]);
+    }
+    let names: Vec<&str> = v["devices"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"NVIDIA H200"), "{names:?}");
+    let o = Command::new(NX).args(["info", "--device", "nvidia/nvidia_h200"]).output().unwrap();
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(d["compute_capability"], "9.0");
+    let o = Command::new(NX).args(["info", "--device", "nvidia/nope"]).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no device file nvidia/nope"));
+    std::fs::remove_dir_all(&cache).ok();
+}

@@ -83,9 +83,20 @@ pub const PARALLEL_MIN: usize = 1 << 16;
 /// # Errors
 /// [`Error::LengthMismatch`] unless both slices have one length; nothing is written then.
 pub fn convert<S: Element, D: Element>(src: &[S], dst: &mut [D]) -> Result<()> {
+    convert_split("nx_kernels::convert", src, dst, (src.len() >= PARALLEL_MIN).then_some(1 << 14))
+}
+
+/// [`convert`] named `func` in its error, in contiguous pieces of `piece` elements over the
+/// current rayon pool where one is given, else in one piece on the calling thread.
+pub(crate) fn convert_split<S: Element, D: Element>(
+    func: &'static str,
+    src: &[S],
+    dst: &mut [D],
+    piece: Option<usize>,
+) -> Result<()> {
     if src.len() != dst.len() {
         return Err(Error::LengthMismatch {
-            func: "nx_kernels::convert",
+            func,
             what: format!("{} source and {} destination", S::DTYPE, D::DTYPE),
             left: src.len(),
             right: dst.len(),
@@ -96,11 +107,9 @@ pub fn convert<S: Element, D: Element>(src: &[S], dst: &mut [D]) -> Result<()> {
             *y = D::from_value(x.to_value());
         }
     };
-    if src.len() >= PARALLEL_MIN {
-        const PIECE: usize = 1 << 14;
-        src.par_chunks(PIECE).zip(dst.par_chunks_mut(PIECE)).for_each(one);
-    } else {
-        one((src, dst));
+    match piece {
+        Some(p) => src.par_chunks(p.max(1)).zip(dst.par_chunks_mut(p.max(1))).for_each(one),
+        None => one((src, dst)),
     }
     Ok(())
 }

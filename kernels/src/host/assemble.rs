@@ -8,13 +8,17 @@ use super::{overlaps, through_door};
 use crate::door::Operand;
 use crate::Answer;
 
-pub(crate) fn assemble(dst: &dyn Operand, pieces: &[(&[usize], &dyn Operand)]) -> Answer {
+pub(crate) fn assemble(
+    par: &std::sync::Arc<super::par::Par>,
+    dst: &dyn Operand,
+    pieces: &[(&[usize], &dyn Operand)],
+) -> Answer {
     if pieces.iter().any(|(_, p)| p.dtype() != dst.dtype()) {
         return Answer::WrongDtype;
     }
     let offsets: Vec<Vec<usize>> = pieces.iter().map(|(o, _)| o.to_vec()).collect();
     let read: Vec<&dyn Operand> = pieces.iter().map(|(_, p)| *p).collect();
-    through_door(&[dst], &read, move |w, r, execute| {
+    through_door(par, "assemble", None, &[dst], &read, move |w, r, execute| {
         let dst = w[0];
         let shape = dst.layout().shape();
         for (o, p) in offsets.iter().zip(r) {

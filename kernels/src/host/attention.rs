@@ -194,6 +194,7 @@ impl View {
 }
 
 pub(crate) fn attention(
+    par: &std::sync::Arc<super::par::Par>,
     spec: &Attention,
     o: &dyn Operand,
     lse: &dyn Operand,
@@ -217,7 +218,7 @@ pub(crate) fn attention(
     read.extend(lengths);
     let (paged, has_len) = (table.is_some(), lengths.is_some());
     let spec = spec.clone();
-    through_door(&[o, lse], &read, move |w, r, execute| {
+    through_door(par, "attention", None, &[o, lse], &read, move |w, r, execute| {
         let (o, lse, q, k, v) = (w[0], w[1], r[0], r[1], r[2]);
         let table = paged.then(|| r[3]);
         let lengths = has_len.then(|| r[3 + usize::from(paged)]);

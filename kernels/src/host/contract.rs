@@ -111,6 +111,7 @@ pub(crate) unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync>
 }
 
 pub(crate) fn contract(
+    par: &std::sync::Arc<super::par::Par>,
     spec: &Contraction,
     dst: &dyn Operand,
     a: &dyn Operand,
@@ -128,7 +129,7 @@ pub(crate) fn contract(
     let mut reads: Vec<&dyn Operand> = vec![a, b];
     reads.extend(init);
     let spec = spec.clone();
-    through_door(&[dst], &reads, move |w, r, run| {
+    through_door(par, "contract", None, &[dst], &reads, move |w, r, run| {
         let (dst, a, b, init, spec) = (w[0], r[0], r[1], r.get(2).copied(), &spec);
         if dst.layout().shape() != out_shape || init.is_some_and(|i| i.layout().shape() != out_shape) {
             return Answer::ShapeMismatch;

@@ -168,6 +168,7 @@ fn blocks(o: &[usize], s: &[usize]) -> bool {
 }
 
 pub(crate) fn contract_general(
+    par: &std::sync::Arc<super::par::Par>,
     spec: &Contraction,
     segments: Option<Segmented<'_>>,
     dst: &dyn Operand,
@@ -179,7 +180,7 @@ pub(crate) fn contract_general(
     let Some(acc) = contraction_accumulator(d) else { return Answer::WrongDtype };
     let plain = segments.is_none() && a.scale.is_none() && b.scale.is_none();
     if plain && d.is_float() && a.array.dtype() == d && b.array.dtype() == d {
-        return super::contract::contract(spec, dst, a.array, b.array, init);
+        return super::contract::contract(par, spec, dst, a.array, b.array, init);
     }
     let fits = |x: Dtype| x == d || widens_into(x, acc); // f16 operands of an f16 destination
     if !fits(a.array.dtype()) || !fits(b.array.dtype()) || init.is_some_and(|i| i.dtype() != d) {
@@ -233,7 +234,7 @@ pub(crate) fn contract_general(
         ids: ids_at,
         acc,
     };
-    through_door(&[dst], &reads, move |w, r, run| {
+    through_door(par, "contract_general", None, &[dst], &reads, move |w, r, run| {
         let dst = w[0];
         if dst.layout().shape() != plan.out
             || plan.init.is_some_and(|i| r[i].layout().shape() != plan.out)

@@ -75,6 +75,7 @@ enum Form {
 }
 
 pub(crate) fn fft(
+    par: &std::sync::Arc<super::par::Par>,
     plans: &Arc<Plans>,
     direction: Direction,
     axes: &[usize],
@@ -92,7 +93,7 @@ pub(crate) fn fft(
         return Answer::WrongDtype;
     }
     let (axes, plans) = (axes.to_vec(), plans.clone());
-    through_door(&[dst], &[src], move |w, r, execute| {
+    through_door(par, "fft", None, &[dst], &[src], move |w, r, execute| {
         let (dst, src) = (w[0], r[0]);
         let (ss, ds) = (src.layout().shape(), dst.layout().shape());
         let rank = ss.len();

@@ -34,12 +34,18 @@ fn unflat(shape: &[usize], mut k: usize, idx: &mut [usize]) {
     }
 }
 
-pub(crate) fn pad(pad: &Pad, fill: Value, dst: &dyn Operand, src: &dyn Operand) -> Answer {
+pub(crate) fn pad(
+    par: &std::sync::Arc<super::par::Par>,
+    pad: &Pad,
+    fill: Value,
+    dst: &dyn Operand,
+    src: &dyn Operand,
+) -> Answer {
     if dst.dtype() != src.dtype() {
         return Answer::WrongDtype;
     }
     let pad = pad.clone();
-    through_door(&[dst], &[src], move |w, r, execute| {
+    through_door(par, "pad", None, &[dst], &[src], move |w, r, execute| {
         let (dst, src) = (w[0], r[0]);
         match pad.shape(src.layout().shape()) {
             Ok(s) if s == dst.layout().shape() => {}
@@ -85,6 +91,7 @@ fn moved<T: Element>(pad: &Pad, fill: T, dst: &dyn Operand, src: &dyn Operand) {
 }
 
 pub(crate) fn fold(
+    par: &std::sync::Arc<super::par::Par>,
     reduction: Reduction,
     pad: &Pad,
     fill: Value,
@@ -103,7 +110,7 @@ pub(crate) fn fold(
         _ => return Answer::Declined,
     }
     let (pad, windows) = (pad.clone(), windows.clone());
-    through_door(&[dst], &[src], move |w, r, execute| {
+    through_door(par, "fold", None, &[dst], &[src], move |w, r, execute| {
         let (dst, src) = (w[0], r[0]);
         let fits =
             pad.shape(src.layout().shape()).and_then(|p| windows.shape(&p)).is_ok_and(|s| s == dst.layout().shape());

@@ -114,6 +114,7 @@ fn indices(index: &dyn Operand, limit: usize, run: usize) -> Result<Vec<usize>, 
 
 /// A gather (`run` = `None`) or range gather of runs of `run`.
 pub(crate) fn gather(
+    par: &std::sync::Arc<super::par::Par>,
     axis: usize,
     run: Option<usize>,
     dst: &dyn Operand,
@@ -123,7 +124,7 @@ pub(crate) fn gather(
     if index.dtype() != Dtype::I64 || dst.dtype() != src.dtype() {
         return Answer::WrongDtype;
     }
-    through_door(&[dst], &[src, index], move |w, r, execute| {
+    through_door(par, "gather", None, &[dst], &[src, index], move |w, r, execute| {
         let (dst, src, index) = (w[0], r[0], r[1]);
         let (ss, is) = (src.layout().shape(), index.layout().shape());
         if axis >= ss.len() {
@@ -176,6 +177,7 @@ pub(crate) fn gather(
 }
 
 pub(crate) fn scatter(
+    par: &std::sync::Arc<super::par::Par>,
     mode: Scatter,
     axis: usize,
     dst: &dyn Operand,
@@ -191,7 +193,7 @@ pub(crate) fn scatter(
     }
     let mut read: Vec<&dyn Operand> = vec![src, index];
     read.extend(into);
-    through_door(&[dst], &read, move |w, r, execute| {
+    through_door(par, "scatter", None, &[dst], &read, move |w, r, execute| {
         let (dst, src, index, into) = (w[0], r[0], r[1], r.get(2).copied());
         let ds = dst.layout().shape();
         if axis >= ds.len() || index.layout().rank() != 1 {

@@ -206,11 +206,11 @@ macro_rules! dispatch {
     };
 }
 
-pub(crate) fn cholesky(l: &dyn Operand, a: &dyn Operand) -> Answer {
+pub(crate) fn cholesky(par: &std::sync::Arc<super::par::Par>, l: &dyn Operand, a: &dyn Operand) -> Answer {
     if !full_precision(a.dtype()) || l.dtype() != a.dtype() {
         return Answer::WrongDtype;
     }
-    through_door(&[l], &[a], move |w, r, execute| {
+    through_door(par, "cholesky", None, &[l], &[a], move |w, r, execute| {
         let (l, a) = (w[0], r[0]);
         let Some((batch, m, n)) = split(a.layout()) else { return Answer::ShapeMismatch };
         if m != n || l.layout().shape() != a.layout().shape() {
@@ -268,11 +268,17 @@ pub(crate) enum Solve {
     General,
 }
 
-pub(crate) fn solve(kind: Solve, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
+pub(crate) fn solve(
+    par: &std::sync::Arc<super::par::Par>,
+    kind: Solve,
+    x: &dyn Operand,
+    a: &dyn Operand,
+    b: &dyn Operand,
+) -> Answer {
     if !full_precision(a.dtype()) || x.dtype() != a.dtype() || b.dtype() != a.dtype() {
         return Answer::WrongDtype;
     }
-    through_door(&[x], &[a, b], move |w, r, execute| {
+    through_door(par, "solve", None, &[x], &[a, b], move |w, r, execute| {
         let (x, a, b) = (w[0], r[0], r[1]);
         let Some((count, n, k)) = solve_shapes(x.layout(), a.layout(), b.layout()) else {
             return Answer::ShapeMismatch;
@@ -408,11 +414,11 @@ macro_rules! dispatch_real {
     };
 }
 
-pub(crate) fn qr(q: &dyn Operand, r: &dyn Operand, a: &dyn Operand) -> Answer {
+pub(crate) fn qr(par: &std::sync::Arc<super::par::Par>, q: &dyn Operand, r: &dyn Operand, a: &dyn Operand) -> Answer {
     if !full_precision(a.dtype()) || q.dtype() != a.dtype() || r.dtype() != a.dtype() {
         return Answer::WrongDtype;
     }
-    through_door(&[q, r], &[a], move |w, rd, execute| {
+    through_door(par, "qr", None, &[q, r], &[a], move |w, rd, execute| {
         let (q, r, a) = (w[0], w[1], rd[0]);
         let (Some((batch, m, n)), Some((qb, qm, qk)), Some((rb, rk, rn))) =
             (split(a.layout()), split(q.layout()), split(r.layout()))
@@ -484,7 +490,13 @@ pub(crate) fn qr(q: &dyn Operand, r: &dyn Operand, a: &dyn Operand) -> Answer {
     })
 }
 
-pub(crate) fn svd(u: Option<&dyn Operand>, s: &dyn Operand, vh: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+pub(crate) fn svd(
+    par: &std::sync::Arc<super::par::Par>,
+    u: Option<&dyn Operand>,
+    s: &dyn Operand,
+    vh: Option<&dyn Operand>,
+    a: &dyn Operand,
+) -> Answer {
     let d = a.dtype();
     if !full_precision(d)
         || s.dtype() != real_of(d)
@@ -498,7 +510,7 @@ pub(crate) fn svd(u: Option<&dyn Operand>, s: &dyn Operand, vh: Option<&dyn Oper
     }
     let vectors = u.is_some();
     let written: Vec<&dyn Operand> = [Some(s), u, vh].into_iter().flatten().collect();
-    through_door(&written, &[a], move |w, rd, execute| {
+    through_door(par, "svd", None, &written, &[a], move |w, rd, execute| {
         let a = rd[0];
         let Some((batch, m, n)) = split(a.layout()) else { return Answer::ShapeMismatch };
         let k = m.min(n);
@@ -588,14 +600,19 @@ fn eigen_shapes(wr: &[&dyn Operand], rd: &[&dyn Operand], vectors: bool) -> Resu
     Ok((batch.iter().product(), n))
 }
 
-pub(crate) fn eigh(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+pub(crate) fn eigh(
+    par: &std::sync::Arc<super::par::Par>,
+    w: &dyn Operand,
+    v: Option<&dyn Operand>,
+    a: &dyn Operand,
+) -> Answer {
     let d = a.dtype();
     if !full_precision(d) || w.dtype() != real_of(d) || v.is_some_and(|v| v.dtype() != d) {
         return Answer::WrongDtype;
     }
     let vectors = v.is_some();
     let written: Vec<&dyn Operand> = [Some(w), v].into_iter().flatten().collect();
-    through_door(&written, &[a], move |wr, rd, execute| {
+    through_door(par, "eigh", None, &written, &[a], move |wr, rd, execute| {
         let (count, n) = match eigen_shapes(wr, rd, vectors) {
             Ok(dims) => dims,
             Err(e) => return e,
@@ -644,7 +661,12 @@ fn complex_of(d: Dtype) -> Dtype {
     }
 }
 
-pub(crate) fn eig(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
+pub(crate) fn eig(
+    par: &std::sync::Arc<super::par::Par>,
+    w: &dyn Operand,
+    v: Option<&dyn Operand>,
+    a: &dyn Operand,
+) -> Answer {
     let d = a.dtype();
     let c = complex_of(d);
     if !full_precision(d) || w.dtype() != c || v.is_some_and(|v| v.dtype() != c) {
@@ -652,7 +674,7 @@ pub(crate) fn eig(w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> 
     }
     let vectors = v.is_some();
     let written: Vec<&dyn Operand> = [Some(w), v].into_iter().flatten().collect();
-    through_door(&written, &[a], move |wr, rd, execute| {
+    through_door(par, "eig", None, &written, &[a], move |wr, rd, execute| {
         let (count, n) = match eigen_shapes(wr, rd, vectors) {
             Ok(dims) => dims,
             Err(e) => return e,

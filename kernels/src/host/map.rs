@@ -1,27 +1,34 @@
 //! The map kernel.
 
-use rayon::prelude::*;
-
 use super::eval::{Bound, Ptr};
 use super::fused::{Float, Fused, LANES};
-use super::{reg, through_door};
+use super::{reg, through_door, Work};
 use crate::door::Operand;
 use crate::prog::{map_refusal, Prog};
 use crate::Answer;
 
+/// The most indices of one task.
 const TASK: usize = 1 << 16;
 const BLOCK: usize = 2048;
 /// Output bytes from which a map stores with streaming stores.
 const STREAM_MIN: usize = 8 << 20;
 
-pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[&dyn Operand]) -> Answer {
+pub(crate) fn map(
+    par: &std::sync::Arc<super::par::Par>,
+    prog: &Prog,
+    shape: &[usize],
+    dsts: &[&dyn Operand],
+    loads: &[&dyn Operand],
+) -> Answer {
     let dt: Vec<_> = dsts.iter().map(|d| d.dtype()).collect();
     let lt: Vec<_> = loads.iter().map(|l| l.dtype()).collect();
     if let Some((answer, _)) = map_refusal(prog, shape.len(), &dt, &lt) {
         return answer;
     }
     let (prog, shape) = (prog.clone(), shape.to_vec());
-    through_door(dsts, loads, move |dsts, loads, execute| {
+    let n = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).unwrap_or(usize::MAX);
+    let task = if par.inline(Work::Map, n) { n.max(1) } else { n.div_ceil(4 * par.threads()).clamp(BLOCK, TASK) };
+    through_door(par, "map", Some((Work::Map, n)), dsts, loads, move |dsts, loads, execute| {
         let (prog, shape) = (&prog, &shape[..]);
         if dsts.iter().any(|d| d.layout().shape() != shape) {
             return Answer::ShapeMismatch;
@@ -41,19 +48,20 @@ pub(crate) fn map(prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[
             dsts.iter().map(|d| (Ptr::of(*d), d.layout().offset(), d.dtype())).collect();
         let dtypes: Vec<_> = outs.iter().map(|o| o.2).collect();
         if let Some(f) = Fused::<f32>::new(&bound, &dtypes) {
-            run(&bound, Some(&f), &outs);
+            run(&bound, Some(&f), &outs, task);
         } else if let Some(f) = Fused::<f64>::new(&bound, &dtypes) {
-            run(&bound, Some(&f), &outs);
+            run(&bound, Some(&f), &outs, task);
         } else {
-            run::<f32>(&bound, None, &outs);
+            run::<f32>(&bound, None, &outs, task);
         }
         Answer::Done
     })
 }
 
-/// Runs the loop over the rayon pool: runs of [`LANES`] through `fused` where given, the rest
-/// (and everything where not) through the register evaluator.
-fn run<T: Float>(bound: &Bound<'_>, fused: Option<&Fused<T>>, outs: &[(Ptr, isize, crate::Dtype)]) {
+/// Runs the loop in tasks of `task` indices over the rayon pool (one task: on the calling
+/// thread): runs of [`LANES`] through `fused` where given, the rest (and everything where not)
+/// through the register evaluator.
+fn run<T: Float>(bound: &Bound<'_>, fused: Option<&Fused<T>>, outs: &[(Ptr, isize, crate::Dtype)], task: usize) {
     let n = bound.numel();
     // Outputs far past the caches go to memory with streaming stores: their lines are not read
     // first, and do not evict the operands.
@@ -61,11 +69,15 @@ fn run<T: Float>(bound: &Bound<'_>, fused: Option<&Fused<T>>, outs: &[(Ptr, isiz
     let streaming = out_bytes >= STREAM_MIN;
     let lanes_outs: Vec<(Ptr, isize)> = outs.iter().map(|o| (o.0, o.1)).collect();
     // registers made once per worker, not per task
-    (0..n.div_ceil(TASK)).into_par_iter().for_each_init(
+    let tasks = n.div_ceil(task);
+    super::par::for_each_init(
+        tasks <= 1,
+        tasks,
+        1,
         || (bound.registers(BLOCK), fused.map(Fused::registers)),
         |(regs, lanes), t| {
-            let end = ((t + 1) * TASK).min(n);
-            let mut start = t * TASK;
+            let end = ((t + 1) * task).min(n);
+            let mut start = t * task;
             if let (Some(f), Some(lanes)) = (fused, lanes) {
                 let whole = start + (end - start) / LANES * LANES;
                 // SAFETY: the door holds every claim for the whole call; this task writes the

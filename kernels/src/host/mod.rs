@@ -165,7 +165,10 @@
 //! # Threads
 //!
 //! The library is safe to call from several threads at once: each call claims its arrays through
-//! the door, which refuses (never waits for) a conflicting claim.
+//! the door, which refuses (never waits for) a conflicting claim. Its work runs on its own pool
+//! ([`HostOptions`]: the measured cores, thresholds under which maps, reductions and
+//! conversions run on the calling thread), shared by its clones; a queued rig's worker runs the
+//! work it queued on that pool too.
 
 mod assemble;
 mod attention;
@@ -181,6 +184,7 @@ mod int_product;
 mod lanes;
 mod linalg;
 mod map;
+mod par;
 mod reduce;
 pub(crate) mod reg;
 mod scan;
@@ -188,45 +192,169 @@ mod sort;
 
 use std::sync::Arc;
 
+use par::Par;
+pub use par::{HostOptions, Origin, Store, Thresholds, Work};
+
 use crate::contraction::{Contraction, Factor, Segmented};
 use crate::door::Operand;
 use crate::kernels::{Attention, Direction, Kernels, Kv, Reduction, Scatter};
 use crate::prog::Prog;
-use crate::rig::Work;
-use crate::{Answer, Error, Result};
+use crate::rig::Work as RigWork;
+use crate::{Answer, Result};
 use crate::{AnyArray, Buffer};
 
 /// The host kernel library. See the [module documentation](self).
-#[derive(Clone, Debug, Default)]
+///
+/// Clones share one thread pool, its thresholds and the Fourier plans.
+///
+/// # Examples
+///
+/// ```
+/// use nx_kernels::host::{Host, HostOptions, Store, Work};
+///
+/// // a library of 2 threads whose maps of fewer than 4096 elements run on the calling thread
+/// let opts = HostOptions { threads: Some(2), map: Some(4096), store: Store::Memory, ..Default::default() };
+/// let host = Host::with_options(opts)?;
+/// assert_eq!(host.threads(), 2);
+/// assert_eq!(host.threshold(Work::Map), 4096);
+/// # Ok::<(), nx_kernels::Error>(())
+/// ```
+#[derive(Clone, Debug)]
 pub struct Host {
-    pool: Option<Arc<rayon::ThreadPool>>,
+    par: Arc<Par>,
     /// The Fourier transforms' plans, shared by the clones of this library.
     plans: Arc<fft::Plans>,
 }
 
+impl Default for Host {
+    fn default() -> Host {
+        Host::new()
+    }
+}
+
 impl Host {
-    /// The library on the caller's rayon pool (the one installed where it is called, else
-    /// rayon's global pool).
+    /// The library on a pool of the compute cores this process may use
+    /// ([`Cores::measured`](crate::facts::Cores::measured)), started at its first parallel work,
+    /// its thresholds measured (or read from the user's cache) when first needed.
     pub fn new() -> Host {
-        Host { pool: None, plans: Arc::default() }
+        let par = Par::new(HostOptions::default()).expect("the default options are valid");
+        Host { par, plans: Arc::default() }
     }
 
-    /// The library on a pool of its own of `threads` threads.
+    /// The library on a pool of its own of `threads` threads (other settings the defaults).
     ///
     /// # Errors
-    /// [`Error::Invalid`] where the pool cannot be built.
+    /// [`crate::Error::Invalid`] for 0 threads or where the pool cannot be started.
     pub fn with_threads(threads: usize) -> Result<Host> {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| Error::Invalid {
-            func: "nx_kernels::Host::with_threads",
-            why: format!("cannot start {threads} threads: {e}"),
-        })?;
-        Ok(Host { pool: Some(Arc::new(pool)), plans: Arc::default() })
+        Host::with_options(HostOptions { threads: Some(threads), ..HostOptions::default() })
     }
 
-    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match &self.pool {
-            Some(p) => p.install(f),
-            None => f(),
+    /// The library with `options`; its pool started now.
+    ///
+    /// # Errors
+    /// [`crate::Error::Invalid`] naming the setting for 0 threads or a threshold of 0, and where the
+    /// pool cannot be started.
+    pub fn with_options(options: HostOptions) -> Result<Host> {
+        let par = Par::new(options)?;
+        par.start()?;
+        Ok(Host { par, plans: Arc::default() })
+    }
+
+    /// Returns this library watched by `observer` (its pool, thresholds and plans shared): each
+    /// call is reported to it, and where it is [`active`](crate::observe::Observer::active)
+    /// checked but not run (see [`crate::observe`]).
+    pub fn observed(&self, observer: Arc<dyn crate::observe::Observer>) -> Host {
+        Host { par: self.par.observed(Some(observer)), plans: self.plans.clone() }
+    }
+
+    /// Returns the observer watching this library, where one does.
+    pub fn observer(&self) -> Option<&Arc<dyn crate::observe::Observer>> {
+        self.par.observer()
+    }
+
+    /// Returns the threads of this library's pool.
+    pub fn threads(&self) -> usize {
+        self.par.threads()
+    }
+
+    /// Returns what the pool's size came from, in words (a setting, or the measurement's
+    /// affinity, topology, performance cores and quota).
+    pub fn threads_source(&self) -> &str {
+        self.par.cores_source()
+    }
+
+    /// Returns the threshold of `work` in elements: its setting, else the measured one
+    /// (measured now where this library has not yet).
+    pub fn threshold(&self, work: Work) -> usize {
+        self.par.threshold(work)
+    }
+
+    /// Returns every threshold in force and where the measured ones came from (measuring them
+    /// now where this library has not yet).
+    pub fn thresholds(&self) -> (Thresholds, Origin) {
+        self.par.thresholds()
+    }
+
+    /// Writes `src`'s elements converted to `D` (as [`crate::convert`]) into `dst`: inline under
+    /// the [`Work::Convert`] threshold, else in contiguous pieces over this library's pool.
+    ///
+    /// # Errors
+    /// [`crate::Error::LengthMismatch`] unless both slices have one length; nothing is written then.
+    pub fn convert<S: crate::Element, D: crate::Element>(&self, src: &[S], dst: &mut [D]) -> Result<()> {
+        convert_on(&self.par, src, dst)
+    }
+}
+
+/// [`Host::convert`] on `par`.
+fn convert_on<S: crate::Element, D: crate::Element>(par: &Par, src: &[S], dst: &mut [D]) -> Result<()> {
+    const FUNC: &str = "nx_kernels::Host::convert";
+    if par.inline(Work::Convert, src.len()) {
+        crate::dtype::convert::convert_split(FUNC, src, dst, None)
+    } else {
+        let piece = src.len().div_ceil(4 * par.threads()).clamp(1024, 1 << 16);
+        par.install(|| crate::dtype::convert::convert_split(FUNC, src, dst, Some(piece)))
+    }
+}
+
+/// A probe's work, run under the library it is given.
+pub(crate) type ProbeJob = Box<dyn Fn(&Arc<Par>) + Send + Sync>;
+
+/// The work a probe of `work` times at `n` elements, run under the library it is given: an
+/// exponential of `n` f32 elements (map), the sums of `n / 1024` rows of 1024 f32 (reduce), `n`
+/// f32 to bf16 (convert); `None` where its memory is refused.
+pub(crate) fn probe_job(work: Work, n: usize) -> Option<ProbeJob> {
+    use crate::prog::UnOp;
+    let dev = nx_mesh::Device { kind: nx_mesh::DeviceKind::Sim, ordinal: 0, rank: 0 };
+    let src = crate::Array::<f32>::from_fn(dev, &[n], |i| (i[0] % 1000) as f32 * 1e-3).ok()?;
+    match work {
+        Work::Map => {
+            let dst = crate::Array::<f32>::zeros(dev, &[n]).ok()?;
+            let mut prog = Prog::new(&[crate::Dtype::F32]);
+            let x = prog.load(0);
+            let y = prog.unary(UnOp::Exp, x);
+            prog.output(y);
+            Some(Box::new(move |par| {
+                let _ = map::map(par, &prog, &[n], &[&dst], &[&src]);
+            }))
+        }
+        Work::Reduce => {
+            let rows = (n / 1024).max(1);
+            let src = src.apply(&crate::Move::Reshape(vec![rows, n / rows])).ok().flatten()?;
+            let dst = crate::Array::<f32>::zeros(dev, &[rows]).ok()?;
+            let mut prog = Prog::new(&[crate::Dtype::F32]);
+            let x = prog.load(0);
+            prog.output(x);
+            Some(Box::new(move |par| {
+                let _ = reduce::reduce(par, &prog, &[rows, n / rows], &[1], &[Reduction::Sum], &[&dst], &[&src]);
+            }))
+        }
+        Work::Convert => {
+            let src = src.to_vec().ok()?;
+            let dst = std::sync::Mutex::new(vec![half::bf16::ZERO; n]);
+            Some(Box::new(move |par| {
+                let mut d = dst.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = convert_on(par, &src, &mut d);
+            }))
         }
     }
 }
@@ -237,7 +365,7 @@ impl Kernels for Host {
     }
 
     fn map(&self, prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[&dyn Operand]) -> Answer {
-        self.run(|| map::map(prog, shape, dsts, loads))
+        map::map(&self.par, prog, shape, dsts, loads)
     }
 
     fn reduce(
@@ -249,7 +377,7 @@ impl Kernels for Host {
         dsts: &[&dyn Operand],
         loads: &[&dyn Operand],
     ) -> Answer {
-        self.run(|| reduce::reduce(prog, shape, axes, reductions, dsts, loads))
+        reduce::reduce(&self.par, prog, shape, axes, reductions, dsts, loads)
     }
 
     fn contract(
@@ -260,7 +388,7 @@ impl Kernels for Host {
         b: &dyn Operand,
         init: Option<&dyn Operand>,
     ) -> Answer {
-        self.run(|| contract::contract(spec, dst, a, b, init))
+        contract::contract(&self.par, spec, dst, a, b, init)
     }
 
     fn contract_general(
@@ -272,7 +400,7 @@ impl Kernels for Host {
         b: Factor<'_>,
         init: Option<&dyn Operand>,
     ) -> Answer {
-        self.run(|| contract_general::contract_general(spec, segments, dst, a, b, init))
+        contract_general::contract_general(&self.par, spec, segments, dst, a, b, init)
     }
 
     fn scan(
@@ -283,11 +411,11 @@ impl Kernels for Host {
         dst: &dyn Operand,
         src: &dyn Operand,
     ) -> Answer {
-        self.run(|| scan::scan(reduction, axis, carry, dst, src))
+        scan::scan(&self.par, reduction, axis, carry, dst, src)
     }
 
     fn gather(&self, axis: usize, dst: &dyn Operand, src: &dyn Operand, index: &dyn Operand) -> Answer {
-        self.run(|| gather::gather(axis, None, dst, src, index))
+        gather::gather(&self.par, axis, None, dst, src, index)
     }
 
     fn range_gather(
@@ -298,7 +426,7 @@ impl Kernels for Host {
         src: &dyn Operand,
         starts: &dyn Operand,
     ) -> Answer {
-        self.run(|| gather::gather(axis, Some(run), dst, src, starts))
+        gather::gather(&self.par, axis, Some(run), dst, src, starts)
     }
 
     fn scatter(
@@ -310,7 +438,7 @@ impl Kernels for Host {
         src: &dyn Operand,
         index: &dyn Operand,
     ) -> Answer {
-        self.run(|| gather::scatter(mode, axis, dst, into, src, index))
+        gather::scatter(&self.par, mode, axis, dst, into, src, index)
     }
 
     fn sort(
@@ -321,11 +449,11 @@ impl Kernels for Host {
         positions: Option<&dyn Operand>,
         src: &dyn Operand,
     ) -> Answer {
-        self.run(|| sort::sort(axis, descending, values, positions, src))
+        sort::sort(&self.par, axis, descending, values, positions, src)
     }
 
     fn pad(&self, pad: &crate::Pad, fill: crate::Value, dst: &dyn Operand, src: &dyn Operand) -> Answer {
-        self.run(|| fold::pad(pad, fill, dst, src))
+        fold::pad(&self.par, pad, fill, dst, src)
     }
 
     fn fold(
@@ -337,7 +465,7 @@ impl Kernels for Host {
         dst: &dyn Operand,
         src: &dyn Operand,
     ) -> Answer {
-        self.run(|| fold::fold(reduction, pad, fill, windows, dst, src))
+        fold::fold(&self.par, reduction, pad, fill, windows, dst, src)
     }
 
     fn attention(
@@ -349,43 +477,43 @@ impl Kernels for Host {
         kv: Kv<'_>,
         lengths: Option<&dyn Operand>,
     ) -> Answer {
-        self.run(|| attention::attention(spec, o, lse, q, kv, lengths))
+        attention::attention(&self.par, spec, o, lse, q, kv, lengths)
     }
 
     fn assemble(&self, dst: &dyn Operand, pieces: &[(&[usize], &dyn Operand)]) -> Answer {
-        self.run(|| assemble::assemble(dst, pieces))
+        assemble::assemble(&self.par, dst, pieces)
     }
 
     fn fft(&self, direction: Direction, axes: &[usize], dst: &dyn Operand, src: &dyn Operand) -> Answer {
-        self.run(|| fft::fft(&self.plans, direction, axes, dst, src))
+        fft::fft(&self.par, &self.plans, direction, axes, dst, src)
     }
 
     fn cholesky(&self, l: &dyn Operand, a: &dyn Operand) -> Answer {
-        self.run(|| linalg::cholesky(l, a))
+        linalg::cholesky(&self.par, l, a)
     }
 
     fn solve_triangular(&self, lower: bool, unit: bool, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
-        self.run(|| linalg::solve(linalg::Solve::Triangular { lower, unit }, x, a, b))
+        linalg::solve(&self.par, linalg::Solve::Triangular { lower, unit }, x, a, b)
     }
 
     fn solve(&self, x: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Answer {
-        self.run(|| linalg::solve(linalg::Solve::General, x, a, b))
+        linalg::solve(&self.par, linalg::Solve::General, x, a, b)
     }
 
     fn qr(&self, q: &dyn Operand, r: &dyn Operand, a: &dyn Operand) -> Answer {
-        self.run(|| linalg::qr(q, r, a))
+        linalg::qr(&self.par, q, r, a)
     }
 
     fn svd(&self, u: Option<&dyn Operand>, s: &dyn Operand, vh: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
-        self.run(|| linalg::svd(u, s, vh, a))
+        linalg::svd(&self.par, u, s, vh, a)
     }
 
     fn eigh(&self, w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
-        self.run(|| linalg::eigh(w, v, a))
+        linalg::eigh(&self.par, w, v, a)
     }
 
     fn eig(&self, w: &dyn Operand, v: Option<&dyn Operand>, a: &dyn Operand) -> Answer {
-        self.run(|| linalg::eig(w, v, a))
+        linalg::eig(&self.par, w, v, a)
     }
 }
 
@@ -449,17 +577,37 @@ pub(crate) fn destinations(written: &[&dyn Operand], read: &[&dyn Operand]) -> O
 /// every work it must follow): `Done` means queued. Elsewhere the body runs at once, after the
 /// work pending on every operand. Flattens the door's refusal into the answer; a device the call
 /// must follow that is lost answers [`Answer::Lost`].
-pub(crate) fn through_door<F>(written: &[&dyn Operand], read: &[&dyn Operand], body: F) -> Answer
+pub(crate) fn through_door<F>(
+    par: &Arc<Par>,
+    kernel: &'static str,
+    work: Option<(Work, usize)>,
+    written: &[&dyn Operand],
+    read: &[&dyn Operand],
+    body: F,
+) -> Answer
 where
-    F: Fn(&[&dyn Operand], &[&dyn Operand], bool) -> Answer + Send + 'static,
+    F: Fn(&[&dyn Operand], &[&dyn Operand], bool) -> Answer + Send + Sync + 'static,
 {
+    if let Some(o) = par.observer() {
+        o.record(crate::observe::Launch::of(kernel, written, read));
+        if o.active() {
+            // a dry run: the call's checks, touching no memory (no claims, no pending work)
+            return body(written, read, false);
+        }
+    }
+    // inline: on the calling thread (the rig's worker for queued work), else on the pool
+    let inline = work.is_some_and(|(w, n)| par.inline(w, n));
     let rig = written.first().and_then(|o| o.buffer().rig()).filter(|r| r.is_queued()).cloned();
     let answer = crate::door(written, read, || match rig {
         None => {
             if written.iter().chain(read).any(|o| o.buffer().wait().is_err()) {
                 return Answer::Lost;
             }
-            body(written, read, true)
+            if inline {
+                body(written, read, true)
+            } else {
+                par.install(|| body(written, read, true))
+            }
         }
         Some(rig) => {
             let checked = body(written, read, false);
@@ -470,10 +618,12 @@ where
                 (written.iter().map(|o| AnyArray::of(*o)).collect(), read.iter().map(|o| AnyArray::of(*o)).collect());
             let (wb, rb): (Vec<Buffer>, Vec<Buffer>) =
                 (w.iter().map(|a| a.buffer().clone()).collect(), r.iter().map(|a| a.buffer().clone()).collect());
-            let work: Work = Box::new(move || {
+            let par = par.clone();
+            let work: RigWork = Box::new(move || {
                 let wv: Vec<&dyn Operand> = w.iter().map(|a| a as &dyn Operand).collect();
                 let rv: Vec<&dyn Operand> = r.iter().map(|a| a as &dyn Operand).collect();
-                match body(&wv, &rv, true) {
+                let answer = if inline { body(&wv, &rv, true) } else { par.install(|| body(&wv, &rv, true)) };
+                match answer {
                     Answer::Done => Ok(()),
                     other => Err(format!("a kernel answered \"{other}\" when it ran")),
                 }

@@ -4,8 +4,9 @@ use num_complex::{Complex32, Complex64};
 use rayon::prelude::*;
 
 use super::eval::{Bound, Ptr};
+use super::par::{for_each, for_each_init};
 use super::reg::{dispatch_dtype, each_src, float_max, float_min, Reg, Src};
-use super::through_door;
+use super::{through_door, Work};
 use crate::door::Operand;
 use crate::kernels::{Extreme, Reduction};
 use crate::layout::extent_product;
@@ -632,6 +633,7 @@ const GROUP: usize = 4;
 const BLOCK_CHUNKS: usize = 16;
 
 pub(crate) fn reduce(
+    par: &std::sync::Arc<super::par::Par>,
     prog: &Prog,
     shape: &[usize],
     axes: &[usize],
@@ -653,7 +655,10 @@ pub(crate) fn reduce(
     let kept: Vec<usize> = (0..shape.len()).filter(|a| !red.contains(a)).collect();
     let out_shape: Vec<usize> = kept.iter().map(|&a| shape[a]).collect();
     let (prog, shape, reductions) = (prog.clone(), shape.to_vec(), reductions.to_vec());
-    through_door(dsts, loads, move |dsts, loads, run| {
+    let read = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).unwrap_or(usize::MAX);
+    // inline: every loop below in order on the calling thread
+    let (inline, threads) = (par.inline(Work::Reduce, read), par.threads());
+    through_door(par, "reduce", Some((Work::Reduce, read)), dsts, loads, move |dsts, loads, run| {
         let (prog, shape, reductions) = (&prog, &shape[..], &reductions[..]);
         if dsts.iter().any(|d| d.layout().shape() != out_shape) {
             return Answer::ShapeMismatch;
@@ -695,7 +700,7 @@ pub(crate) fn reduce(
         } else if terms <= CHUNK {
             // Whole outputs per block: each output is one chunk.
             let per = (1024 / terms).max(1);
-            (0..outputs.div_ceil(per)).into_par_iter().for_each(|b| {
+            for_each(inline, outputs.div_ceil(per), 1, |b| {
                 let mut regs = bound.registers(per * terms);
                 let (o0, o1) = (b * per, ((b + 1) * per).min(outputs));
                 // SAFETY: the door holds the claims; this task writes outputs o0..o1 alone.
@@ -715,19 +720,22 @@ pub(crate) fn reduce(
             let span = |g: usize| (g * GROUP, ((g + 1) * GROUP).min(chunks));
             // one plain sum of an operand read in place: typed runs of chunks, no evaluation
             let plain_sum = reductions == [Reduction::Sum] && bound.in_place(0);
-            if outputs >= 2 * rayon::current_num_threads() && plain_sum {
+            if outputs >= 2 * threads && plain_sum {
                 // whole rows per task, ROW_TASK terms or more: each task one run of memory, one
                 // type dispatch, no allocation per row (over 4096 rows of 4096: 0.931 of the plain
                 // read loop's speed, against 0.915 with a task and a partial vector per row)
                 let per = (ROW_TASK / terms).max(1);
-                (0..outputs.div_ceil(per)).into_par_iter().for_each(|b| {
+                for_each(inline, outputs.div_ceil(per), 1, |b| {
                     let (o0, o1) = (b * per, ((b + 1) * per).min(outputs));
                     let rows = bound.output(&[], 0, o0 * terms, (o1 - o0) * terms);
                     // SAFETY: the door holds the claims; this task writes outputs o0..o1 alone.
                     sum_rows_any(rows, terms, |k, values| unsafe { job.store(o0 + k, 0, values) });
                 });
-            } else if outputs >= 2 * rayon::current_num_threads() {
-                (0..outputs).into_par_iter().for_each_init(
+            } else if outputs >= 2 * threads {
+                for_each_init(
+                    inline,
+                    outputs,
+                    1,
                     || (bound.registers(CHUNK * GROUP), Vec::with_capacity(chunks * reductions.len())),
                     // SAFETY: the door holds the claims; this task writes output o alone.
                     |(regs, ps), o| unsafe {
@@ -748,29 +756,38 @@ pub(crate) fn reduce(
                 let block_terms = BLOCK_CHUNKS * CHUNK;
                 for o in 0..outputs {
                     if plain_sum {
-                        ps.par_iter_mut().with_min_len(2).enumerate().for_each(|(b, slot)| {
+                        let one = |(b, slot): (usize, &mut AnyPartial)| {
                             let (lo, hi) = (b * block_terms, ((b + 1) * block_terms).min(terms));
                             *slot = sum_run_any(bound.output(&[], 0, o * terms + lo, hi - lo));
-                        });
+                        };
+                        if inline {
+                            ps.iter_mut().enumerate().for_each(one);
+                        } else {
+                            ps.par_iter_mut().with_min_len(2).enumerate().for_each(one);
+                        }
                         // SAFETY: the door holds the claims; output o is written once.
                         unsafe { job.write(o, &ps) };
                         continue;
                     }
-                    ps.par_chunks_mut(n).with_min_len(2).enumerate().for_each_init(
-                        || (bound.registers(CHUNK * GROUP), Vec::with_capacity(BLOCK_CHUNKS * n)),
-                        // SAFETY: the door holds the claims; chunks only read.
-                        |(regs, out), (b, slots)| unsafe {
-                            out.clear();
-                            let end = ((b + 1) * BLOCK_CHUNKS).min(chunks);
-                            for j0 in (b * BLOCK_CHUNKS..end).step_by(GROUP) {
-                                job.chunks(regs, o, j0, (j0 + GROUP).min(end), out);
-                            }
-                            for (i, (&r, slot)) in reductions.iter().zip(slots).enumerate() {
-                                *slot =
-                                    tree_any(r, out.iter().skip(i).step_by(n).copied()).expect("a block has chunks");
-                            }
-                        },
-                    );
+                    let init = || (bound.registers(CHUNK * GROUP), Vec::with_capacity(BLOCK_CHUNKS * n));
+                    // SAFETY: the door holds the claims; chunks only read.
+                    let block = |(regs, out): &mut (Vec<Reg>, Vec<AnyPartial>),
+                                 (b, slots): (usize, &mut [AnyPartial])| unsafe {
+                        out.clear();
+                        let end = ((b + 1) * BLOCK_CHUNKS).min(chunks);
+                        for j0 in (b * BLOCK_CHUNKS..end).step_by(GROUP) {
+                            job.chunks(regs, o, j0, (j0 + GROUP).min(end), out);
+                        }
+                        for (i, (&r, slot)) in reductions.iter().zip(slots).enumerate() {
+                            *slot = tree_any(r, out.iter().skip(i).step_by(n).copied()).expect("a block has chunks");
+                        }
+                    };
+                    if inline {
+                        let mut state = init();
+                        ps.chunks_mut(n).enumerate().for_each(|x| block(&mut state, x));
+                    } else {
+                        ps.par_chunks_mut(n).with_min_len(2).enumerate().for_each_init(init, block);
+                    }
                     // SAFETY: as above; output o is written once.
                     unsafe { job.write(o, &ps) };
                 }

@@ -106,6 +106,7 @@ scan_half!(f16, f32_to_f16);
 scan_half!(bf16, f32_to_bf16);
 
 pub(crate) fn scan(
+    par: &std::sync::Arc<super::par::Par>,
     reduction: Reduction,
     axis: usize,
     carry: Option<&dyn Operand>,
@@ -118,7 +119,7 @@ pub(crate) fn scan(
     }
     let mut read: Vec<&dyn Operand> = vec![src];
     read.extend(carry);
-    through_door(&[dst], &read, move |w, r, execute| {
+    through_door(par, "scan", None, &[dst], &read, move |w, r, execute| {
         let (dst, src, carry) = (w[0], r[0], r.get(1).copied());
         let shape = src.layout().shape();
         if dst.layout().shape() != shape {

@@ -225,6 +225,7 @@ fn order<I: Item>(items: &mut Vec<I>, scratch: &mut Vec<I>, bytes: usize, k: usi
 }
 
 pub(crate) fn sort(
+    par: &std::sync::Arc<super::par::Par>,
     axis: usize,
     descending: bool,
     values: Option<&dyn Operand>,
@@ -242,7 +243,7 @@ pub(crate) fn sort(
         return Answer::Declined;
     }
     let (has_values, has_positions) = (values.is_some(), positions.is_some());
-    through_door(&written, &[src], move |w, r, execute| {
+    through_door(par, "sort", None, &written, &[src], move |w, r, execute| {
         let src = r[0];
         let (values, positions) = match (has_values, has_positions) {
             (true, true) => (Some(w[0]), Some(w[1])),
