@@ -63,9 +63,15 @@ impl Launch {
         Launch { kernel, written, read, key }
     }
 
-    /// Bytes the call's operands span (each operand's elements times its dtype's size).
+    /// Bytes the call's operands span (each operand's elements times its dtype's size; at most
+    /// `u64::MAX`).
     pub fn bytes(&self) -> u64 {
-        self.written.iter().chain(&self.read).map(|(d, s)| s.iter().product::<usize>() as u64 * d.size() as u64).sum()
+        // saturating: a broadcast operand may describe more elements than memory holds
+        self.written
+            .iter()
+            .chain(&self.read)
+            .map(|(d, s)| s.iter().fold(d.size() as u64, |a, &n| a.saturating_mul(n as u64)))
+            .fold(0u64, u64::saturating_add)
     }
 }
 

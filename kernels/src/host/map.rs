@@ -27,7 +27,11 @@ pub(crate) fn map(
     }
     let (prog, shape) = (prog.clone(), shape.to_vec());
     let n = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).unwrap_or(usize::MAX);
-    let task = if par.inline(Work::Map, n) { n.max(1) } else { n.div_ceil(4 * par.threads()).clamp(BLOCK, TASK) };
+    let task = if par.inline(Work::Map, n) {
+        n.max(1)
+    } else {
+        n.div_ceil(par.threads().saturating_mul(4)).clamp(BLOCK, TASK)
+    };
     through_door(par, "map", Some((Work::Map, n)), dsts, loads, move |dsts, loads, execute| {
         let (prog, shape) = (&prog, &shape[..]);
         if dsts.iter().any(|d| d.layout().shape() != shape) {

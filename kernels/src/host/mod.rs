@@ -311,7 +311,7 @@ fn convert_on<S: crate::Element, D: crate::Element>(par: &Par, src: &[S], dst: &
     if par.inline(Work::Convert, src.len()) {
         crate::dtype::convert::convert_split(FUNC, src, dst, None)
     } else {
-        let piece = src.len().div_ceil(4 * par.threads()).clamp(1024, 1 << 16);
+        let piece = src.len().div_ceil(par.threads().saturating_mul(4)).clamp(1024, 1 << 16);
         par.install(|| crate::dtype::convert::convert_split(FUNC, src, dst, Some(piece)))
     }
 }
