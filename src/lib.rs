@@ -83,8 +83,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// the dtype's width.
 ///
 /// # Errors
-/// As [`nx_placement::plan()`]: a placement cutting an axis past the shape's rank.
+/// As [`nx_placement::plan()`]: a placement cutting an axis past the shape's rank;
+/// [`Error::Invalid`] for a packed dtype (`int4`, `uint4`, `bit`).
 pub fn plan<'d, 'e>(from: &Placement<'d>, to: &Placement<'e>, shape: &[usize], dtype: Dtype) -> Result<Plan> {
+    if dtype.is_packed() {
+        return Err(Error::Invalid {
+            func: "nx::plan",
+            why: format!("{dtype} is packed (elements narrower than a byte): plans move whole bytes of elements"),
+        });
+    }
     Ok(nx_placement::plan(from, to, shape, dtype.size())?)
 }
 

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use nx::ckpt::{load_safetensors, Checkpoint, Saver};
+use nx::kernels::dtype::fp8::{F8E4M3, F8E5M2};
 use nx::testing::strategies::{meshes, placed_tensor, placements, shapes};
 use nx::{launch_with, LaunchOptions, MeshSpec, PlacementSpec, Tensor};
 use proptest::prelude::*;
@@ -68,6 +69,8 @@ proptest! {
             let t = closed;
             s.add("f32", &t.cast::<f32>()?)?;
             s.add("f16", &t.cast::<half::f16>()?)?;
+            s.add("e4m3", &t.cast::<F8E4M3>()?)?;
+            s.add("e5m2", &t.cast::<F8E5M2>()?)?;
             s.add("i8", &t.scale(8.0)?.cast::<i8>()?)?;
             s.add("i16", &t.scale(1000.0)?.cast::<i16>()?)?;
             s.add("i32", &t.scale(1e6)?.cast::<i32>()?)?;
@@ -109,6 +112,8 @@ fn convert(name: &str, v: f64) -> String {
     match name {
         "f32" => format!("{:?}", from_f64::<f32>(v)),
         "f16" => format!("{:?}", from_f64::<half::f16>(v)),
+        "e4m3" => format!("{:?}", from_f64::<F8E4M3>(v)),
+        "e5m2" => format!("{:?}", from_f64::<F8E5M2>(v)),
         "i8" => format!("{:?}", from_f64::<i8>(v)),
         "i16" => format!("{:?}", from_f64::<i16>(v)),
         "i32" => format!("{:?}", from_f64::<i32>(v)),
@@ -146,6 +151,8 @@ fn every_dtype(
         Ok(vec![
             ("f32", 1.0, one::<f32>(&ck, ctx, "f32", &p, shape)?),
             ("f16", 1.0, one::<half::f16>(&ck, ctx, "f16", &p, shape)?),
+            ("e4m3", 1.0, one::<F8E4M3>(&ck, ctx, "e4m3", &p, shape)?),
+            ("e5m2", 1.0, one::<F8E5M2>(&ck, ctx, "e5m2", &p, shape)?),
             ("i8", 8.0, one::<i8>(&ck, ctx, "i8", &p, shape)?),
             ("i16", 1000.0, one::<i16>(&ck, ctx, "i16", &p, shape)?),
             ("i32", 1e6, one::<i32>(&ck, ctx, "i32", &p, shape)?),
@@ -353,6 +360,82 @@ fn python_safetensors_both_ways() {
         text.trim(),
         "[[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18], [19, 20, 21]] [False, True, False, True, False]"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The fp8 dtypes through safetensors both ways with PyTorch (`F8_E4M3`, `F8_E5M2`, which
+/// `safetensors.torch` reads as `float8_e4m3fn` and `float8_e5m2`): every bit pattern, values
+/// decoded by torch.
+#[test]
+fn fp8_tensors_through_safetensors_with_pytorch() {
+    let Some(py) = std::env::var_os("NX_TORCH_PYTHON").map(PathBuf::from).filter(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import safetensors, torch"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        println!("SKIPPED: NX_TORCH_PYTHON names no Python with torch and safetensors (scripts/test installs them)");
+        return;
+    };
+    let dir = scratch("fp8");
+    std::fs::create_dir_all(&dir).unwrap();
+    // nx saves every pattern of both formats split over 3 devices, merges; torch decodes
+    launch_with(&opts(3), |ctx| {
+        let rows = nx::Placement::split(0, ctx.devices())?;
+        let a = Tensor::<F8E4M3>::from_fn(ctx, &[16, 16], &rows, |i| F8E4M3::from_bits((i[0] * 16 + i[1]) as u8))?;
+        let b = Tensor::<F8E5M2>::from_fn(ctx, &[256], &rows, |i| F8E5M2::from_bits(i[0] as u8))?;
+        let mut s = Saver::new(ctx, &dir, 1)?;
+        s.add("a", &a)?;
+        s.add("b", &b)?;
+        s.commit(serde_json::Value::Null)?;
+        Ok(())
+    })
+    .unwrap();
+    let merged = dir.join("merged.safetensors");
+    nx::ckpt::merge(&dir, &merged).unwrap();
+    let script = format!(
+        "import torch; from safetensors.torch import load_file, save_file\n\
+         t = load_file('{m}')\n\
+         print(t['a'].dtype, t['b'].dtype)\n\
+         print(' '.join(repr(v) for v in t['a'].float().flatten().tolist()))\n\
+         print(' '.join(repr(v) for v in t['b'].float().tolist()))\n\
+         x = torch.linspace(-500, 500, 77)\n\
+         save_file({{'a': x.to(torch.float8_e4m3fn), 'b': (x * 130).to(torch.float8_e5m2)}}, '{p}')\n\
+         print(' '.join(str(v) for v in x.to(torch.float8_e4m3fn).view(torch.uint8).tolist()))\n\
+         print(' '.join(str(v) for v in (x * 130).to(torch.float8_e5m2).view(torch.uint8).tolist()))",
+        m = merged.display(),
+        p = dir.join("py.safetensors").display()
+    );
+    let out = std::process::Command::new(&py).args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "torch.float8_e4m3fn torch.float8_e5m2");
+    let decoded = |line: &str| -> Vec<f32> { line.split(' ').map(|v| v.parse::<f32>().unwrap()).collect() };
+    let (ta, tb) = (decoded(lines[1]), decoded(lines[2]));
+    for b in 0..=255u8 {
+        for (got, want) in
+            [(ta[b as usize], F8E4M3::from_bits(b).to_f32()), (tb[b as usize], F8E5M2::from_bits(b).to_f32())]
+        {
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{b:#04x}: torch {got}, nx {want}"
+            );
+        }
+    }
+    // torch saves, nx loads onto 2 devices: torch's bits
+    let bits = |line: &str| -> Vec<u8> { line.split(' ').map(|v| v.parse::<u8>().unwrap()).collect() };
+    let (wa, wb) = (bits(lines[3]), bits(lines[4]));
+    let py_file = dir.join("py.safetensors");
+    let (ga, gb) = launch_with(&opts(2), |ctx| {
+        let rows = nx::Placement::split(0, ctx.devices())?;
+        let a = load_safetensors::<F8E4M3>(ctx, &py_file, "a", &rows)?.full()?.to_vec()?;
+        let b = load_safetensors::<F8E5M2>(ctx, &py_file, "b", &rows)?.full()?.to_vec()?;
+        Ok((a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()))
+    })
+    .unwrap()
+    .remove(0);
+    assert_eq!((ga, gb), (wa, wb));
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -112,6 +112,8 @@ macro_rules! by_dtype {
             Dtype::U64 => $f::<u64>($($args),*),
             Dtype::F16 => $f::<f16>($($args),*),
             Dtype::BF16 => $f::<bf16>($($args),*),
+            Dtype::F8E4M3 => $f::<nx_kernels::dtype::fp8::F8E4M3>($($args),*),
+            Dtype::F8E5M2 => $f::<nx_kernels::dtype::fp8::F8E5M2>($($args),*),
             Dtype::F32 => $f::<f32>($($args),*),
             Dtype::F64 => $f::<f64>($($args),*),
             d => Err(format!("{d} is not read or written through this ABI")),

@@ -5,6 +5,7 @@ with "dlpack: all checks passed". Without torch, only NumPy is checked (and it s
 """
 import ctypes
 import gc
+import math
 import sys
 import weakref
 
@@ -237,6 +238,18 @@ def producer_suite(name, make, shares):
         check(ht.get(2, 1) == 5.0, "torch: a transposed tensor")
         # a zero-size tensor
         check(take(torch.zeros(0, 3)).dtype() == "f32", "torch: an empty tensor")
+        # the fp8s: DLPack codes 10 (float8_e4m3fn) and 12 (float8_e5m2), every pattern
+        for tdt, short in ((torch.float8_e4m3fn, "f8e4m3"), (torch.float8_e5m2, "f8e5m2")):
+            pats = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(tdt)
+            h8 = take(pats)
+            check(h8.dtype() == short, f"torch: {tdt} imports as {short}")
+            ours = [h8.get(i) for i in range(256)]
+            agree = all((math.isnan(a) and math.isnan(b)) or a == b for a, b in zip(pats.float().tolist(), ours))
+            check(agree, f"torch: every {tdt} pattern's value, read by nx")
+            h8.set(-1.5, 7)
+            check(float(pats[7].float()) == -1.5, f"torch: nx's write into a {tdt} is seen by torch")
+            back = torch.from_dlpack(h8)
+            check(back.dtype == tdt and back.data_ptr() == pats.data_ptr(), f"torch: nx exports a {tdt}, shared")
     print(f"dlpack: {name} -> nx: values, shared memory both ways, strides, dtypes, lifetime")
 
 

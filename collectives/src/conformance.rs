@@ -6,6 +6,7 @@
 //! and compared bit for bit: a backend that passes gives the same bits as every other.
 
 use half::bf16;
+use nx_kernels::dtype::fp8::F8E4M3;
 use nx_placement::{plan, region, Device, Devices, Mesh, PlacementSpec};
 
 use crate::reduce::by_host;
@@ -13,12 +14,20 @@ use crate::{place_in, Alloc, Communicator, Error, Groups, Heap, ReduceOp, Result
 
 /// The element types the suite moves; an allocator of them all gives its buffers.
 pub trait Buffers:
-    Alloc<f32> + Alloc<f64> + Alloc<i32> + Alloc<u8> + Alloc<u16> + Alloc<u32> + Alloc<u64> + Alloc<bf16>
+    Alloc<f32> + Alloc<f64> + Alloc<i32> + Alloc<u8> + Alloc<u16> + Alloc<u32> + Alloc<u64> + Alloc<bf16> + Alloc<F8E4M3>
 {
 }
 
 impl<A> Buffers for A where
-    A: Alloc<f32> + Alloc<f64> + Alloc<i32> + Alloc<u8> + Alloc<u16> + Alloc<u32> + Alloc<u64> + Alloc<bf16>
+    A: Alloc<f32>
+        + Alloc<f64>
+        + Alloc<i32>
+        + Alloc<u8>
+        + Alloc<u16>
+        + Alloc<u32>
+        + Alloc<u64>
+        + Alloc<bf16>
+        + Alloc<F8E4M3>
 {
 }
 
@@ -157,6 +166,19 @@ pub fn suite_in<C: Communicator, A: Buffers>(c: &C, alloc: &A) -> Result<()> {
         })
         .collect();
     check("all_reduce bf16", r, &hs[..], &want[..])?;
+    // and so do the fp8s (E4M3 saturating past 448)
+    let fp8 = |x: f32| F8E4M3::from_bits(nx_kernels::dtype::fp8::Fp8::E4M3.cast(f64::from(x)));
+    let eights: Vec<F8E4M3> = mine.iter().map(|&x| fp8(x * 40.0)).collect();
+    let mut es = fresh::<F8E4M3, _>(alloc, len)?;
+    c.all_reduce(&eights, &mut es, ReduceOp::Sum)?;
+    let want: Vec<F8E4M3> = (0..len)
+        .map(|i| {
+            let term = |q: usize| fp8(input(q, len)[i] * 40.0).to_f32();
+            let s = across(&hosts, term, |a, b| a + b, |a| fp8(a).to_f32());
+            fp8(s)
+        })
+        .collect();
+    check("all_reduce f8e4m3", r, &es[..], &want[..])?;
     // reduce-scatter, uneven: rank q keeps q + 1 elements
     let counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
     let total: usize = counts.iter().sum();

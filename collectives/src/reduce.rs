@@ -3,6 +3,7 @@
 
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
+use nx_kernels::dtype::fp8::{F8E4M3, F8E5M2};
 use nx_kernels::Element;
 
 /// How a reduction combines terms.
@@ -46,7 +47,7 @@ impl ReduceOp {
 }
 
 /// An element collectives can move and reduce: every dtype of nx. `Acc` is the carrier a
-/// reduction adds in (`f32` for the halves).
+/// reduction adds in (`f32` for the halves and the fp8s).
 pub trait Reducible: Element {
     /// The carrier.
     type Acc: Copy + Send + Sync;
@@ -107,6 +108,8 @@ float_reducible!(f32, f32, |x| x, |x| x);
 float_reducible!(f64, f64, |x| x, |x| x);
 float_reducible!(f16, f32, f16::to_f32, nx_kernels::dtype::convert::f32_to_f16);
 float_reducible!(bf16, f32, bf16::to_f32, nx_kernels::dtype::convert::f32_to_bf16);
+float_reducible!(F8E4M3, f32, F8E4M3::to_f32, F8E4M3::from_f32);
+float_reducible!(F8E5M2, f32, F8E5M2::to_f32, F8E5M2::from_f32);
 
 macro_rules! int_reducible {
     ($($t:ty),*) => {$(

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use nx_mesh::Device;
 
 use crate::buffer::Buffer;
-use crate::door::{door, refused, Operand};
+use crate::door::{refused, Operand};
 use crate::layout::{Layout, Move};
 use crate::rig::Rig;
 use crate::{Dtype, Element, Error, Result};
@@ -135,7 +135,9 @@ impl AnyArray {
         use half::{bf16, f16};
         use num_complex::{Complex32, Complex64};
         typed!(Bool => bool, I8 => i8, I16 => i16, I32 => i32, I64 => i64, U8 => u8, U16 => u16, U32 => u32,
-            U64 => u64, F16 => f16, BF16 => bf16, F32 => f32, F64 => f64, C64 => Complex32, C128 => Complex64)
+            U64 => u64, F16 => f16, BF16 => bf16, F8E4M3 => crate::dtype::fp8::F8E4M3,
+            F8E5M2 => crate::dtype::fp8::F8E5M2, F32 => f32, F64 => f64, C64 => Complex32, C128 => Complex64,
+            I4 => crate::dtype::packed::I4, U4 => crate::dtype::packed::U4, Bit => crate::dtype::packed::Bit)
     }
 }
 
@@ -152,7 +154,7 @@ fn host_door<R>(
     read: &[&dyn Operand],
     f: impl FnOnce() -> R,
 ) -> std::result::Result<R, Refusal> {
-    let r = door(written, read, || -> Result<R> {
+    let r = crate::door::door_packed(written, read, || -> Result<R> {
         for o in written.iter().chain(read) {
             o.buffer().wait()?;
         }
@@ -181,10 +183,10 @@ impl<T: Element> Array<T> {
         if let Some(d) = buffer.death() {
             return Err(Error::Dead { func: FUNC, why: d.to_string() });
         }
-        let size = T::DTYPE.size() as isize;
+        let bits = T::DTYPE.bits() as isize;
         if let Some((lo, hi)) = layout.span() {
-            // positions lie within ±MAX_POSITION (checked by `Layout::new`): the byte offset fits
-            if lo < 0 || ((hi + 1) * size) as usize > buffer.bytes() {
+            // positions lie within ±MAX_POSITION (checked by `Layout::new`): the bit offset fits
+            if lo < 0 || ((hi + 1) * bits + 7) / 8 > buffer.bytes() as isize {
                 return Err(Error::Invalid {
                     func: FUNC,
                     why: format!(
@@ -197,7 +199,7 @@ impl<T: Element> Array<T> {
                     ),
                 });
             }
-            if !((layout.offset() * size) as usize).is_multiple_of(T::DTYPE.align()) {
+            if !T::DTYPE.is_packed() && !((layout.offset() * bits / 8) as usize).is_multiple_of(T::DTYPE.align()) {
                 return Err(Error::Invalid {
                     func: FUNC,
                     why: format!("first element at offset {} is misaligned", layout.offset()),
@@ -210,7 +212,7 @@ impl<T: Element> Array<T> {
     /// The C-contiguous layout of `shape` and its bytes of `T`.
     fn sized(func: &'static str, shape: &[usize]) -> Result<(Layout, usize)> {
         let layout = Layout::contiguous(shape)?;
-        let bytes = layout.numel().checked_mul(T::DTYPE.size()).ok_or_else(|| Error::Invalid {
+        let bytes = T::DTYPE.bytes(layout.numel()).ok_or_else(|| Error::Invalid {
             func,
             why: format!("shape {shape:?} of {} overflows the address space", T::DTYPE),
         })?;
@@ -254,7 +256,10 @@ impl<T: Element> Array<T> {
     /// As [`Array::zeros_on`].
     pub fn uninit_on(rig: &Rig, shape: &[usize]) -> Result<Array<T>> {
         let (layout, bytes) = Array::<T>::sized("nx_kernels::Array::uninit_on", shape)?;
-        let buffer = if T::DTYPE == Dtype::Bool { rig.alloc(bytes)? } else { rig.alloc_uninit(bytes)? };
+        // booleans and packed elements are zeroed: no other bytes are booleans, and the bits
+        // beside a packed array's last element are zero
+        let buffer =
+            if T::DTYPE == Dtype::Bool || T::DTYPE.is_packed() { rig.alloc(bytes)? } else { rig.alloc_uninit(bytes)? };
         Array::new(layout, buffer)
     }
 
@@ -338,10 +343,10 @@ impl<T: Element> Array<T> {
     fn fill_contiguous(&self, values: impl Iterator<Item = T>) -> Result<()> {
         let base = self.buffer.host_ptr().expect("fresh host memory");
         for (k, v) in values.enumerate() {
-            // SAFETY: the array is fresh and C-contiguous from offset 0, so element k lies at byte
-            // k·size, inside the buffer (checked by `new`) and aligned (64-byte base, k·size); no
-            // work touches it.
-            unsafe { T::store(base.as_ptr().add(k * T::DTYPE.size()), v) }
+            // SAFETY: the array is fresh and C-contiguous from offset 0, so element k lies at
+            // position k, inside the buffer (checked by `new`) and aligned (64-byte base, k·size);
+            // no work touches it.
+            unsafe { T::store_at(base.as_ptr(), k as isize, v) }
         }
         Ok(())
     }
@@ -387,7 +392,7 @@ impl<T: Element> Array<T> {
     /// A claim on the buffer must be held, and `pos` must be a position of the layout.
     pub(crate) unsafe fn read_at(&self, base: *const u8, pos: isize) -> T {
         // SAFETY: positions of a checked layout lie inside the buffer and are aligned.
-        unsafe { T::load(base.offset(pos * T::DTYPE.size() as isize)) }
+        unsafe { T::load_at(base, pos) }
     }
 
     /// Writes the element at position `pos`.
@@ -395,8 +400,9 @@ impl<T: Element> Array<T> {
     /// # Safety
     /// An exclusive claim on the buffer must be held, and `pos` must be a position of the layout.
     pub(crate) unsafe fn write_at(&self, base: *mut u8, pos: isize, v: T) {
-        // SAFETY: as `read_at`, with the exclusive claim ruling out other access.
-        unsafe { T::store(base.offset(pos * T::DTYPE.size() as isize), v) }
+        // SAFETY: as `read_at`, with the exclusive claim ruling out other access (a packed
+        // element's byte is stored atomically, keeping its other elements).
+        unsafe { T::store_at(base, pos, v) }
     }
 
     fn base(&self) -> *mut u8 {
@@ -473,8 +479,14 @@ impl<T: Element> Array<T> {
         raise(FUNC, r, &[self])
     }
 
-    /// `Ok` for a C-contiguous array; else the refusal of `func`.
+    /// `Ok` for a C-contiguous array of a dtype of whole bytes; else the refusal of `func`.
     fn contiguous(&self, func: &'static str) -> Result<()> {
+        if T::DTYPE.is_packed() {
+            return Err(Error::Invalid {
+                func,
+                why: format!("{} is packed (elements narrower than a byte): no slice holds them", T::DTYPE),
+            });
+        }
         if self.layout.is_contiguous() {
             return Ok(());
         }
@@ -527,7 +539,7 @@ impl<T: Element> Array<T> {
             }
             let (sb, db) = (src.base(), dst.base());
             let size = T::DTYPE.size();
-            if src.layout.is_contiguous() && dst.layout.is_contiguous() && src.numel() > 0 {
+            if src.layout.is_contiguous() && dst.layout.is_contiguous() && src.numel() > 0 && !T::DTYPE.is_packed() {
                 // SAFETY: both claims held, both layouts dense over numel·size bytes from their
                 // offsets, inside their buffers; `copy` allows the identical (same bytes) case.
                 unsafe {
@@ -572,7 +584,15 @@ impl<T: Element> Array<T> {
     /// As [`Buffer::new`] and [`Array::transfer`].
     pub fn to_device(&self, device: Device) -> Result<Array<T>> {
         let (layout, count) = self.layout.copy_layout();
-        self.copy_into(Array::new(layout, Buffer::new(device, count * T::DTYPE.size())?)?)
+        self.copy_into(Array::new(layout, Buffer::new(device, Self::bytes_of(count)?)?)?)
+    }
+
+    /// The bytes of `count` elements, packed.
+    fn bytes_of(count: usize) -> Result<usize> {
+        T::DTYPE.bytes(count).ok_or_else(|| Error::Invalid {
+            func: "nx_kernels::Array::to_device",
+            why: format!("{count} elements of {} overflow the address space", T::DTYPE),
+        })
     }
 
     /// Stores this array's elements into `out` (of its shape, laid out by [`Layout::copy_layout`]):
@@ -601,8 +621,9 @@ impl<T: Element> Array<T> {
     /// As [`Rig::alloc`] and [`Array::transfer`].
     pub fn to_rig(&self, rig: &Rig) -> Result<Array<T>> {
         let (layout, count) = self.layout.copy_layout();
-        let bytes = count * T::DTYPE.size();
-        let buffer = if T::DTYPE == Dtype::Bool { rig.alloc(bytes)? } else { rig.alloc_uninit(bytes)? };
+        let bytes = Self::bytes_of(count)?;
+        let buffer =
+            if T::DTYPE == Dtype::Bool || T::DTYPE.is_packed() { rig.alloc(bytes)? } else { rig.alloc_uninit(bytes)? };
         self.copy_into(Array::new(layout, buffer)?)
     }
 
@@ -641,8 +662,9 @@ impl<T: Element> Array<T> {
         if let Some(d) = self.buffer.death() {
             return Err(Error::Dead { func: "nx_kernels::Array::bitcast", why: d.to_string() });
         }
-        let Some(layout) = self.layout.bitcast(T::DTYPE.size(), U::DTYPE.size())? else { return Ok(None) };
+        let Some(layout) = self.layout.bitcast(T::DTYPE.bits(), U::DTYPE.bits())? else { return Ok(None) };
         if layout.numel() > 0
+            && !U::DTYPE.is_packed()
             && !((layout.offset() * U::DTYPE.size() as isize) as usize).is_multiple_of(U::DTYPE.align())
         {
             return Ok(None);

@@ -210,7 +210,7 @@ pub struct Segmented<'a> {
 }
 
 /// Whether a contraction computes in `d`: every dtype but `bool` and the floats narrower than
-/// `f32` (`f16`, `bf16`).
+/// `f32` (`f16`, `bf16`, the fp8s).
 ///
 /// # Examples
 /// ```
@@ -219,7 +219,7 @@ pub struct Segmented<'a> {
 /// assert!(!accumulates(Dtype::BF16) && !accumulates(Dtype::Bool));
 /// ```
 pub fn accumulates(d: Dtype) -> bool {
-    !matches!(d, Dtype::Bool | Dtype::F16 | Dtype::BF16)
+    !matches!(d, Dtype::Bool | Dtype::F16 | Dtype::BF16 | Dtype::F8E4M3 | Dtype::F8E5M2)
 }
 
 /// The dtype a contraction into a destination of dtype `d` computes in: `d` where it
@@ -242,7 +242,8 @@ pub fn contraction_accumulator(d: Dtype) -> Option<Dtype> {
 
 /// Whether an operand or a `Value` scale of dtype `x` converts exactly into the accumulator
 /// `acc`: the same dtype, an integer whose range `acc`'s holds, a real float into a real float
-/// at least as wide (`f16` and `bf16` into `f32` or `f64`), `c64` into `c128`.
+/// at least as wide (`f16` and `bf16` into `f32` or `f64`, an fp8 into any wider float), `c64`
+/// into `c128`.
 ///
 /// # Examples
 /// ```
@@ -260,6 +261,7 @@ pub fn widens_into(x: Dtype, acc: Dtype) -> bool {
     match (x, acc) {
         (Bool, _) | (_, Bool) => false,
         (F16 | BF16, F32 | F64) | (F32, F64) | (C64, C128) => true,
+        (F8E4M3 | F8E5M2, F16 | BF16 | F32 | F64) => true,
         _ => match (x.int_range(), acc.int_range()) {
             (Some((lo, hi)), Some((alo, ahi))) => alo <= lo && hi <= ahi,
             _ => false,

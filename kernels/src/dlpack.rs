@@ -133,17 +133,20 @@ pub struct DLManagedTensor {
     pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
-/// The DLPack type of `d`.
+/// The DLPack type of `d` (a packed dtype's is its width in bits: nx exports none).
 pub fn data_type(d: Dtype) -> DLDataType {
     let code = match d.kind() {
         crate::Kind::Bool => 6,
         crate::Kind::Int => 0,
         crate::Kind::Uint => 1,
         crate::Kind::Float if d == Dtype::BF16 => 4,
+        // dlpack.h 1.1: kDLFloat8_e4m3fn, kDLFloat8_e5m2
+        crate::Kind::Float if d == Dtype::F8E4M3 => 10,
+        crate::Kind::Float if d == Dtype::F8E5M2 => 12,
         crate::Kind::Float => 2,
         crate::Kind::Complex => 5,
     };
-    DLDataType { code, bits: (d.size() * 8) as u8, lanes: 1 }
+    DLDataType { code, bits: d.bits() as u8, lanes: 1 }
 }
 
 /// The dtype of DLPack type `t`, where nx has it.
@@ -163,6 +166,8 @@ pub fn dtype_of(t: DLDataType) -> Result<Dtype> {
         (1, 64, 1) => Dtype::U64,
         (2, 16, 1) => Dtype::F16,
         (4, 16, 1) => Dtype::BF16,
+        (10, 8, 1) => Dtype::F8E4M3,
+        (12, 8, 1) => Dtype::F8E5M2,
         (2, 32, 1) => Dtype::F32,
         (2, 64, 1) => Dtype::F64,
         (5, 64, 1) => Dtype::C64,
@@ -194,6 +199,15 @@ fn prepare(func: &'static str, array: &AnyArray, access: Access) -> Result<(DLTe
     let buffer = array.buffer();
     if let Some(d) = buffer.death() {
         return Err(Error::Dead { func, why: d.to_string() });
+    }
+    if array.dtype().is_packed() {
+        return Err(Error::Invalid {
+            func,
+            why: format!(
+                "{} is packed (elements narrower than a byte): convert it to a byte dtype to export it",
+                array.dtype()
+            ),
+        });
     }
     let Some(base) = buffer.host_ptr() else {
         return Err(Error::Invalid {
@@ -521,6 +535,9 @@ fn any(dtype: Dtype, layout: Layout, buffer: Buffer) -> Result<AnyArray> {
         Dtype::U64 => Array::<u64>::new(layout, buffer)?.into_any(),
         Dtype::F16 => Array::<f16>::new(layout, buffer)?.into_any(),
         Dtype::BF16 => Array::<bf16>::new(layout, buffer)?.into_any(),
+        Dtype::F8E4M3 => Array::<crate::dtype::fp8::F8E4M3>::new(layout, buffer)?.into_any(),
+        Dtype::F8E5M2 => Array::<crate::dtype::fp8::F8E5M2>::new(layout, buffer)?.into_any(),
+        Dtype::I4 | Dtype::U4 | Dtype::Bit => unreachable!("dtype_of never answers a packed dtype"),
         Dtype::F32 => Array::<f32>::new(layout, buffer)?.into_any(),
         Dtype::F64 => Array::<f64>::new(layout, buffer)?.into_any(),
         Dtype::C64 => Array::<Complex32>::new(layout, buffer)?.into_any(),

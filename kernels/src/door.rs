@@ -94,7 +94,24 @@ pub fn describe(o: &dyn Operand) -> String {
 ///
 /// # Errors
 /// The refusal, as an [`Answer`]; raise it for the user with [`refused`].
+///
+/// An operand of a packed dtype (`int4`, `uint4`, `bit`: elements narrower than a byte) is
+/// refused as `WrongDtype` before any claim: a kernel addressing elements by bytes would read the
+/// wrong bits. Only nx's own bit-aware accesses open the door to them.
 pub fn door<R>(written: &[&dyn Operand], read: &[&dyn Operand], f: impl FnOnce() -> R) -> Result<R, Answer> {
+    if written.iter().chain(read).any(|o| o.dtype().is_packed()) {
+        return Err(Answer::WrongDtype);
+    }
+    door_packed(written, read, f)
+}
+
+/// [`door`], admitting packed operands: for callers that address elements by bits
+/// ([`crate::Element::load_at`]).
+pub(crate) fn door_packed<R>(
+    written: &[&dyn Operand],
+    read: &[&dyn Operand],
+    f: impl FnOnce() -> R,
+) -> Result<R, Answer> {
     let all: Vec<(&dyn Operand, bool)> =
         written.iter().map(|&o| (o, true)).chain(read.iter().map(|&o| (o, false))).collect();
     // One claim per buffer: exclusive where any operand over it is written.
@@ -146,11 +163,11 @@ fn overlapping(all: &[(&dyn Operand, bool)]) -> bool {
                 continue;
             }
             let (wl, ol) = (w.layout(), o.layout());
-            let (ws, os) = (w.dtype().size(), o.dtype().size());
-            if !o_w && identical(wl, ws, ol, os) {
+            let (ws, os) = (w.dtype().bits(), o.dtype().bits());
+            if !o_w && identical_bits(wl, ws, ol, os) {
                 continue;
             }
-            if shares_byte(wl, ws, ol, os) {
+            if shares_byte_bits(wl, ws, ol, os) {
                 return true;
             }
         }
@@ -160,6 +177,11 @@ fn overlapping(all: &[(&dyn Operand, bool)]) -> bool {
 
 /// Whether two layouts of elements `sa` and `sb` bytes wide place every index at the same bits.
 pub fn identical(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
+    identical_bits(a, sa * 8, b, sb * 8)
+}
+
+/// [`identical`] for elements `sa` and `sb` bits wide.
+pub(crate) fn identical_bits(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
     if sa != sb || a.shape() != b.shape() {
         return false;
     }
@@ -173,6 +195,16 @@ pub fn identical(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
 /// Whether an element of `a` (elements `sa` bytes wide) and one of `b` share a byte. Exact for any
 /// strides; O(1) for disjoint spans and for dense layouts, O(n log n) otherwise.
 pub fn shares_byte(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
+    shares_byte_bits(a, sa * 8, b, sb * 8)
+}
+
+/// [`shares_byte`] for elements `sa` and `sb` bits wide: an element narrower than a byte
+/// (1 or 4 bits, never straddling two bytes) occupies the one byte that holds it.
+pub(crate) fn shares_byte_bits(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
+    if sa < 8 || sb < 8 {
+        return shares_byte_packed(a, sa, b, sb);
+    }
+    let (sa, sb) = (sa / 8, sb / 8);
     let (Some((alo, ahi)), Some((blo, bhi))) = (a.span(), b.span()) else { return false };
     let (sa_i, sb_i) = (sa as isize, sb as isize);
     let (a0, a1) = (alo * sa_i, (ahi + 1) * sa_i);
@@ -193,6 +225,31 @@ pub fn shares_byte(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
     b.positions().map(|p| p * sb_i).filter(|&q| q + sb_i > lo && q < hi).any(|q| {
         let k = starts.partition_point(|&s| s + sa_i <= q);
         k < starts.len() && starts[k] < q + sb_i
+    })
+}
+
+/// [`shares_byte_bits`] where either element is narrower than a byte: the byte ranges of every
+/// element, compared exactly (O(n log n)).
+fn shares_byte_packed(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
+    let bytes = |l: &Layout, bits: usize| -> Vec<(isize, isize)> {
+        let w = bits as isize;
+        let mut v: Vec<(isize, isize)> =
+            l.positions().map(|p| ((p * w).div_euclid(8), (p * w + w + 7).div_euclid(8))).collect();
+        v.sort_unstable();
+        v
+    };
+    let (ra, rb) = (bytes(a, sa), bytes(b, sb));
+    // ranges sorted by start; a's merged into disjoint runs, then each of b's looks for a run it meets
+    let mut runs: Vec<(isize, isize)> = Vec::new();
+    for (s, e) in ra {
+        match runs.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => runs.push((s, e)),
+        }
+    }
+    rb.iter().any(|&(s, e)| {
+        let k = runs.partition_point(|r| r.1 <= s);
+        k < runs.len() && runs[k].0 < e
     })
 }
 

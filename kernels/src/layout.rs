@@ -522,14 +522,15 @@ impl Layout {
         Layout::new(out.shape, out.strides, out.offset).map(Some)
     }
 
-    /// The layout of the same bits read as elements `to_size` bytes wide instead of `from_size`
-    /// (the reference's bitcast): equal widths keep it; a narrower dtype appends an axis of extent
+    /// The layout of the same bits read as elements `to_size` wide instead of `from_size` (bytes,
+    /// or bits for packed dtypes: any one unit for both; the reference's bitcast): equal widths keep it; a narrower dtype appends an axis of extent
     /// r = from/to at stride 1 and multiplies the rest by r; a wider one needs a trailing axis of
     /// extent r = to/from at stride 1 and an offset and strides that are multiples of r, and
     /// removes it. `None` where widening's conditions fail.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a narrowing of a layout of [`MAX_RANK`] axes.
+    /// [`Error::Invalid`] for a narrowing of a layout of [`MAX_RANK`] axes, or one whose positions
+    /// multiplied by the ratio pass the bound on positions.
     pub fn bitcast(&self, from_size: usize, to_size: usize) -> Result<Option<Layout>> {
         use std::cmp::Ordering;
         match from_size.cmp(&to_size) {
@@ -543,12 +544,18 @@ impl Layout {
                     ));
                 }
                 let mut shape = self.shape.clone();
-                let mut strides: Vec<isize> = self.strides.iter().map(|s| s * r).collect();
+                let too_far = || {
+                    invalid(
+                        "nx_kernels::Array::bitcast",
+                        format!("a layout {:?} at strides {:?} from {} read as {r} times as many elements reaches past isize", self.shape, self.strides, self.offset),
+                    )
+                };
+                let mut strides: Vec<isize> =
+                    self.strides.iter().map(|s| s.checked_mul(r).ok_or_else(too_far)).collect::<Result<_>>()?;
                 shape.push(r as usize);
                 strides.push(1);
-                // r ≤ 16 and every position and stride lies within MAX_POSITION = isize::MAX / 32:
-                // the products fit, and `new` checks them against the bound again
-                Layout::new(shape, strides, self.offset * r).map(Some)
+                // `new` checks every position against MAX_POSITION again
+                Layout::new(shape, strides, self.offset.checked_mul(r).ok_or_else(too_far)?).map(Some)
             }
             Ordering::Less => {
                 let r = to_size / from_size;

@@ -45,6 +45,12 @@ impl<T: Element> std::fmt::Debug for Lease<T> {
 
 impl<T: Element> Lease<T> {
     fn take(func: &'static str, rig: &Rig, len: usize, zeroed: bool) -> Result<Lease<T>> {
+        if T::DTYPE.is_packed() {
+            return Err(Error::Invalid {
+                func,
+                why: format!("{} is packed (elements narrower than a byte): no slice holds them", T::DTYPE),
+            });
+        }
         let bytes = len.checked_mul(T::DTYPE.size()).ok_or_else(|| Error::Invalid {
             func,
             why: format!("{len} elements of {} overflow the address space", T::DTYPE),
@@ -65,8 +71,8 @@ impl<T: Element> Lease<T> {
     /// `bool` elements are `false`): for code that writes them all.
     ///
     /// # Errors
-    /// As [`Rig::alloc`]; [`Error::Invalid`] where `len` elements overflow the address space or
-    /// the rig's memory is off the host.
+    /// As [`Rig::alloc`]; [`Error::Invalid`] for a packed dtype, where `len` elements overflow the
+    /// address space, or where the rig's memory is off the host.
     pub fn uninit(rig: &Rig, len: usize) -> Result<Lease<T>> {
         Lease::take("nx_kernels::Lease::uninit", rig, len, false)
     }

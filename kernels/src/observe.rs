@@ -63,14 +63,14 @@ impl Launch {
         Launch { kernel, written, read, key }
     }
 
-    /// Bytes the call's operands span (each operand's elements times its dtype's size; at most
-    /// `u64::MAX`).
+    /// Bytes the call's operands span (each operand's elements times its dtype's bits, in whole
+    /// bytes; at most `u64::MAX`).
     pub fn bytes(&self) -> u64 {
         // saturating: a broadcast operand may describe more elements than memory holds
         self.written
             .iter()
             .chain(&self.read)
-            .map(|(d, s)| s.iter().fold(d.size() as u64, |a, &n| a.saturating_mul(n as u64)))
+            .map(|(d, s)| s.iter().fold(d.bits() as u64, |a, &n| a.saturating_mul(n as u64)).div_ceil(8))
             .fold(0u64, u64::saturating_add)
     }
 }

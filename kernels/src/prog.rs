@@ -41,7 +41,7 @@ pub enum Ty {
     I64,
     /// Unsigned integers, wrapping.
     U64,
-    /// `f32` (and the halves).
+    /// `f32` (and the halves and the fp8s).
     F32,
     /// `f64`.
     F64,
@@ -56,10 +56,10 @@ impl Ty {
     pub fn of(d: Dtype) -> Ty {
         use Dtype::*;
         match d {
-            Bool => Ty::Bool,
-            I8 | I16 | I32 | I64 => Ty::I64,
-            U8 | U16 | U32 | U64 => Ty::U64,
-            F16 | BF16 | F32 => Ty::F32,
+            Bool | Bit => Ty::Bool,
+            I4 | I8 | I16 | I32 | I64 => Ty::I64,
+            U4 | U8 | U16 | U32 | U64 => Ty::U64,
+            F16 | BF16 | F8E4M3 | F8E5M2 | F32 => Ty::F32,
             Dtype::F64 => Ty::F64,
             Dtype::C64 => Ty::C64,
             Dtype::C128 => Ty::C128,

@@ -298,3 +298,69 @@ fn f64_rounds_to_halves_once() {
     let x = tie - 2f64.powi(-40);
     assert_eq!(nx_kernels::dtype::convert::f64_to_bf16(x).to_bits(), 0x3F80);
 }
+
+#[test]
+fn storage_dtypes_and_representation_bytes() {
+    use nx_kernels::dtype::storage::{representation_bytes as rb, storage_dtype, Stores};
+    // the reference's examples
+    assert_eq!(storage_dtype(Dtype::F64, Stores { fp64: false, ..Stores::all() }), Dtype::F32);
+    assert_eq!(rb("int4-g128-asym", 256).unwrap(), 128 + 2 * (2 + 2));
+    // every dtype is itself in a store of everything, and a store without a format holds a
+    // dtype that holds it
+    for d in Dtype::ALL {
+        assert_eq!(storage_dtype(d, Stores::all()), d);
+        for fp64 in [false, true] {
+            for fp16 in [false, true] {
+                for bf16 in [false, true] {
+                    for fp8 in [false, true] {
+                        let s = Stores { fp64, fp16, bf16, fp8 };
+                        let held = storage_dtype(d, s);
+                        let banned = |x: Dtype| match x {
+                            Dtype::F64 | Dtype::C128 => !fp64,
+                            Dtype::F16 => !fp16,
+                            Dtype::BF16 => !bf16,
+                            Dtype::F8E4M3 | Dtype::F8E5M2 => !fp8,
+                            _ => false,
+                        };
+                        assert!(!banned(held), "{d} in {s:?}: {held}");
+                        assert_eq!(held.kind(), d.kind(), "{d} in {s:?}: {held}");
+                        if !matches!(d, Dtype::F64 | Dtype::C128) {
+                            assert!(held.max_value() >= d.max_value(), "{d} in {s:?}: {held} holds its range");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // the table, by hand
+    let cases: &[(&str, u64, u64)] = &[
+        ("float32", 10, 40),
+        ("BF16", 3, 6),
+        ("F8_E4M3", 5, 5),
+        ("int4", 7, 4),
+        ("uint4", 0, 0),
+        ("int4-g128", 256, 128 + 2 * 2),
+        ("int4-g128-sym", 257, 129 + 3 * 2),
+        ("int4-g128-asym", 257, 129 + 3 * 4),
+        ("int4-g64-asym-bf16", 100, 50 + 2 * 4),
+        ("int8-g32-f32", 33, 33 + 2 * 4),
+        ("uint8-g16-asym-float32", 16, 16 + 8),
+        ("f8e4m3-g32", 64, 64 + 4),
+        ("mxfp8", 65, 65 + 3),
+        ("mxfp8_e5m2", 32, 33),
+        ("mxint8", 1, 2),
+        ("mxfp6_e2m3", 32, 24 + 1),
+        ("mxfp6_e3m2", 5, 4 + 1),
+        ("mxfp4", 33, 17 + 2),
+    ];
+    for &(name, n, want) in cases {
+        assert_eq!(rb(name, n).unwrap(), want, "{name} × {n}");
+    }
+    for bad in ["fp8_unknown", "int4-g0", "int4-gx", "int4-g128-skew", "complex64-g4", "int4-g8-i32", ""] {
+        let e = rb(bad, 8).unwrap_err().to_string();
+        assert!(e.contains("representation_bytes") && e.contains(&format!("{bad:?}")), "{bad}: {e}");
+    }
+    let e = rb("float64", u64::MAX / 4).unwrap_err().to_string();
+    assert!(e.contains("overflow") && e.contains(&(u64::MAX / 4).to_string()), "{e}");
+    assert!(rb("int4", u64::MAX).is_err(), "n·4 bits overflows too");
+}

@@ -187,7 +187,8 @@ impl Sum {
     }
 }
 
-/// The safetensors dtype of an nx dtype, or `None` (complex numbers).
+/// The safetensors dtype of an nx dtype (`F8_E4M3` and `F8_E5M2` for the fp8s), or `None`
+/// (complex numbers).
 pub(crate) fn st_dtype(d: crate::Dtype) -> Option<safetensors::Dtype> {
     use crate::Dtype as D;
     use safetensors::Dtype as S;
@@ -203,6 +204,8 @@ pub(crate) fn st_dtype(d: crate::Dtype) -> Option<safetensors::Dtype> {
         D::U64 => S::U64,
         D::F16 => S::F16,
         D::BF16 => S::BF16,
+        D::F8E4M3 => S::F8_E4M3,
+        D::F8E5M2 => S::F8_E5M2,
         D::F32 => S::F32,
         D::F64 => S::F64,
         _ => return None,

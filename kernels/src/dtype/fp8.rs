@@ -165,3 +165,104 @@ impl Fp8 {
         s | bits as u8
     }
 }
+
+macro_rules! fp8_element {
+    ($(#[$doc:meta])* $name:ident, $fmt:expr) => {
+        $(#[$doc])*
+        ///
+        /// Its bits are the format's; [`PartialEq`] compares values as IEEE floats do (a NaN equals
+        /// nothing, `-0` equals `+0`), and [`Default`] is `+0`.
+        #[derive(Clone, Copy, Default)]
+        #[repr(transparent)]
+        pub struct $name(u8);
+
+        impl $name {
+            /// The format of this type.
+            pub const FORMAT: Fp8 = $fmt;
+
+            /// The element of bit pattern `bits`.
+            pub const fn from_bits(bits: u8) -> $name {
+                $name(bits)
+            }
+
+            /// The element's bit pattern.
+            pub const fn to_bits(self) -> u8 {
+                self.0
+            }
+
+            /// The element's value, exactly.
+            #[inline]
+            pub fn to_f32(self) -> f32 {
+                Self::FORMAT.decode(self.0)
+            }
+
+            /// Whether the element is a NaN.
+            #[inline]
+            pub fn is_nan(self) -> bool {
+                self.to_f32().is_nan()
+            }
+
+            /// The element's value, exactly.
+            #[inline]
+            pub fn to_f64(self) -> f64 {
+                f64::from(self.to_f32())
+            }
+
+            /// `x` rounded once into the format, as its own cast does ([`Fp8::cast`]).
+            #[inline]
+            pub fn from_f64(x: f64) -> $name {
+                $name(Self::FORMAT.cast(x))
+            }
+
+            /// `x` rounded once into the format, as its own cast does ([`Fp8::cast`]).
+            #[inline]
+            pub fn from_f32(x: f32) -> $name {
+                Self::from_f64(f64::from(x))
+            }
+        }
+
+        impl PartialEq for $name {
+            fn eq(&self, other: &$name) -> bool {
+                self.to_f32() == other.to_f32()
+            }
+        }
+
+        impl std::fmt::Debug for $name {
+            /// The value, as `f32` prints it.
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Debug::fmt(&self.to_f32(), f)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Display::fmt(&self.to_f32(), f)
+            }
+        }
+    };
+}
+
+fp8_element!(
+    /// An element of `float8_e4m3fn` ([`Fp8::E4M3`]), the [`crate::Dtype::F8E4M3`] dtype.
+    ///
+    /// # Examples
+    /// ```
+    /// use nx_kernels::dtype::fp8::F8E4M3;
+    /// assert_eq!(F8E4M3::from_f32(1.0).to_bits(), 0x38);
+    /// assert_eq!(F8E4M3::from_f32(1e6).to_f32(), 448.0); // the format's cast saturates
+    /// ```
+    F8E4M3,
+    Fp8::E4M3
+);
+fp8_element!(
+    /// An element of `float8_e5m2` ([`Fp8::E5M2`]), the [`crate::Dtype::F8E5M2`] dtype.
+    ///
+    /// # Examples
+    /// ```
+    /// use nx_kernels::dtype::fp8::F8E5M2;
+    /// assert_eq!(F8E5M2::from_f32(-2.0).to_bits(), 0xC0);
+    /// assert_eq!(F8E5M2::from_f32(1e6).to_f32(), f32::INFINITY); // past 57344: ∞
+    /// ```
+    F8E5M2,
+    Fp8::E5M2
+);

@@ -4,6 +4,7 @@
 //! | case | result |
 //! |---|---|
 //! | one kind | the wider (two half formats, `f16` with `bf16`: `f32`) |
+//! | an fp8 with another float or a complex | refused, as PyTorch and JAX refuse: no join of both fp8s would keep promotion independent of order (`f16` holds both, but `bf16` with either is `bf16`); convert explicitly |
 //! | a signed with an unsigned integer | the narrowest signed integer holding both; with `u64`: refused |
 //! | two kinds (bool < uint < int < float < complex) | the higher kind at its own width (`i64` with `f16`: `f16`) |
 //! | a float with a complex | the complex of the wider float's precision (`c64` with `f64`: `c128`) |
@@ -17,6 +18,7 @@ use crate::{Error, Result};
 
 fn float_bits(d: Dtype) -> u32 {
     match d {
+        Dtype::F8E4M3 | Dtype::F8E5M2 => 8,
         Dtype::F16 | Dtype::BF16 => 16,
         Dtype::F32 | Dtype::C64 => 32,
         _ => 64,
@@ -25,10 +27,10 @@ fn float_bits(d: Dtype) -> u32 {
 
 fn signed_of(bits: usize) -> Option<Dtype> {
     match bits {
-        1 => Some(Dtype::I8),
-        2 => Some(Dtype::I16),
-        4 => Some(Dtype::I32),
-        8 => Some(Dtype::I64),
+        8 => Some(Dtype::I8),
+        16 => Some(Dtype::I16),
+        32 => Some(Dtype::I32),
+        64 => Some(Dtype::I64),
         _ => None,
     }
 }
@@ -36,28 +38,34 @@ fn signed_of(bits: usize) -> Option<Dtype> {
 /// The dtype of a binary operation on arrays of dtypes `a` and `b`. Symmetric.
 ///
 /// # Errors
-/// [`Error::NoPromotion`] for a signed integer with `u64`, naming both.
+/// [`Error::NoPromotion`] for a signed integer with `u64`, and for an fp8 with another float or
+/// a complex, naming both.
 pub fn binary_result(a: Dtype, b: Dtype) -> Result<Dtype> {
     use Dtype::*;
     if a == b {
         return Ok(a);
     }
-    let (lo, hi) = if (a.kind(), a.size()) <= (b.kind(), b.size()) { (a, b) } else { (b, a) };
+    let fp8 = |d: Dtype| matches!(d, F8E4M3 | F8E5M2);
+    if (fp8(a) || fp8(b)) && a.is_float() && b.is_float() {
+        return Err(Error::NoPromotion { left: a, right: b });
+    }
+    // widths in bits: the packed dtypes are narrower than a byte (`int4` with `int8`: `int8`)
+    let (lo, hi) = if (a.kind(), a.bits()) <= (b.kind(), b.bits()) { (a, b) } else { (b, a) };
     Ok(match (lo.kind(), hi.kind()) {
         (Kind::Bool, _) => hi,
         (Kind::Uint, Kind::Uint) | (Kind::Int, Kind::Int) => hi,
         (Kind::Uint, Kind::Int) => {
-            if hi.size() > lo.size() {
+            if hi.bits() > lo.bits() {
                 hi
             } else {
-                signed_of(lo.size() * 2).ok_or(Error::NoPromotion { left: a, right: b })?
+                signed_of((lo.bits() * 2).max(8)).ok_or(Error::NoPromotion { left: a, right: b })?
             }
         }
         (Kind::Uint | Kind::Int, _) => hi,
         (Kind::Float, Kind::Float) => {
             if matches!((lo, hi), (F16, BF16) | (BF16, F16)) {
                 F32
-            } else if lo.size() >= hi.size() {
+            } else if lo.bits() >= hi.bits() {
                 lo
             } else {
                 hi
@@ -150,13 +158,14 @@ pub fn float_math_input(d: Dtype) -> Dtype {
 }
 
 /// The widest float among `dtypes` where one is wider than two bytes (`[f16, f32]` → `f32`);
-/// among half formats alone, the one there is, or `None` for `f16` with `bf16`, which a precision
+/// among half and fp8 formats alone, the one there is, or `None` for two of them (`f16` with
+/// `bf16`, an fp8 with another), which a precision
 /// [`Policy`](super::policy::Policy) decides. Non-float dtypes are ignored; `None` if none is a
 /// float.
 pub fn promoted(dtypes: &[Dtype]) -> Option<Dtype> {
     let floats: Vec<Dtype> = dtypes.iter().copied().filter(|d| d.is_float()).collect();
     let widest = floats.iter().copied().max_by_key(|d| (d.size(), *d))?;
-    if widest.size() == 2 && floats.iter().any(|&d| d != widest) {
+    if widest.size() <= 2 && floats.iter().any(|&d| d != widest) {
         return None;
     }
     Some(widest)

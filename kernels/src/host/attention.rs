@@ -14,6 +14,7 @@ use super::attention_rows::RowOps;
 use super::eval::Ptr;
 use super::{destinations, through_door};
 use crate::door::Operand;
+use crate::dtype::fp8::{F8E4M3, F8E5M2};
 use crate::kernels::{attention_refusal, Attention, Kv};
 use crate::{Answer, Dtype, Element};
 
@@ -72,8 +73,11 @@ macro_rules! acc {
                     match d {
                         Dtype::F16 => <half::f16 as Element>::load(p).to_f64() as $t,
                         Dtype::BF16 => <half::bf16 as Element>::load(p).to_f64() as $t,
+                        Dtype::F8E4M3 => <F8E4M3 as Element>::load(p).to_f32() as $t,
+                        Dtype::F8E5M2 => <F8E5M2 as Element>::load(p).to_f32() as $t,
                         Dtype::F32 => <f32 as Element>::load(p) as $t,
-                        _ => <f64 as Element>::load(p) as $t,
+                        Dtype::F64 => <f64 as Element>::load(p) as $t,
+                        d => unreachable!("attention_refusal refuses {d}"),
                     }
                 }
             }
@@ -139,9 +143,14 @@ unsafe fn store(d: Dtype, p: *mut u8, x: f64, x32: Option<f32>) {
             (Dtype::BF16, Some(v)) => <half::bf16 as Element>::store(p, crate::dtype::convert::f32_to_bf16(v)),
             (Dtype::F16, None) => <half::f16 as Element>::store(p, half::f16::from_f64(x)),
             (Dtype::BF16, None) => <half::bf16 as Element>::store(p, half::bf16::from_f64(x)),
+            (Dtype::F8E4M3, Some(v)) => <F8E4M3 as Element>::store(p, F8E4M3::from_f32(v)),
+            (Dtype::F8E5M2, Some(v)) => <F8E5M2 as Element>::store(p, F8E5M2::from_f32(v)),
+            (Dtype::F8E4M3, None) => <F8E4M3 as Element>::store(p, F8E4M3::from_f64(x)),
+            (Dtype::F8E5M2, None) => <F8E5M2 as Element>::store(p, F8E5M2::from_f64(x)),
             (Dtype::F32, Some(v)) => <f32 as Element>::store(p, v),
             (Dtype::F32, None) => <f32 as Element>::store(p, x as f32),
-            _ => <f64 as Element>::store(p, x),
+            (Dtype::F64, _) => <f64 as Element>::store(p, x),
+            (d, _) => unreachable!("attention_refusal refuses {d}"),
         }
     }
 }

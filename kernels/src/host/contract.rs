@@ -9,6 +9,7 @@ use super::eval::Ptr;
 use super::through_door;
 use crate::door::{identical, Operand};
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
+use crate::dtype::fp8::{F8E4M3, F8E5M2};
 use crate::layout::{extent_product, Layout, Move};
 use crate::Contraction;
 use crate::{Answer, Dtype, Element};
@@ -122,7 +123,10 @@ pub(crate) fn contract(
     if a.dtype() != d || b.dtype() != d || init.is_some_and(|i| i.dtype() != d) {
         return Answer::WrongDtype;
     }
-    if !matches!(d, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64 | Dtype::C64 | Dtype::C128) {
+    if !matches!(
+        d,
+        Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64 | Dtype::C64 | Dtype::C128
+    ) {
         return Answer::Declined;
     }
     let Ok(out_shape) = spec.shape(a.layout().shape(), b.layout().shape()) else { return Answer::ShapeMismatch };
@@ -161,6 +165,12 @@ pub(crate) fn contract(
                 Dtype::C128 => native::<Complex64>(&dims, dst, a, b, init, &perm_a, &perm_b, Complex64::new(1.0, 0.0)),
                 Dtype::F16 => widened::<f16>(&dims, dst, a, b, init, &perm_a, &perm_b, f16::to_f32, f32_to_f16),
                 Dtype::BF16 => widened::<bf16>(&dims, dst, a, b, init, &perm_a, &perm_b, bf16::to_f32, f32_to_bf16),
+                Dtype::F8E4M3 => {
+                    widened::<F8E4M3>(&dims, dst, a, b, init, &perm_a, &perm_b, F8E4M3::to_f32, F8E4M3::from_f32)
+                }
+                Dtype::F8E5M2 => {
+                    widened::<F8E5M2>(&dims, dst, a, b, init, &perm_a, &perm_b, F8E5M2::to_f32, F8E5M2::from_f32)
+                }
                 _ => unreachable!("declined above"),
             }
         }

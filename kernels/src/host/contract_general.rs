@@ -123,12 +123,16 @@ unsafe fn value_at(d: Dtype, p: *const u8) -> Value {
     use half::{bf16, f16};
     macro_rules! typed {
         ($($n:ident => $t:ty),*) => {
-            // SAFETY: the caller's contract.
-            match d { $(Dtype::$n => unsafe { <$t>::load(p) }.to_value(),)* }
+            match d {
+                // SAFETY: the caller's contract.
+                $(Dtype::$n => unsafe { <$t>::load(p) }.to_value(),)*
+                Dtype::I4 | Dtype::U4 | Dtype::Bit => unreachable!("packed dtypes answer WrongDtype at the door"),
+            }
         };
     }
     typed!(Bool => bool, I8 => i8, I16 => i16, I32 => i32, I64 => i64, U8 => u8, U16 => u16, U32 => u32,
-        U64 => u64, F16 => f16, BF16 => bf16, F32 => f32, F64 => f64, C64 => Complex32, C128 => Complex64)
+        U64 => u64, F16 => f16, BF16 => bf16, F8E4M3 => crate::dtype::fp8::F8E4M3,
+            F8E5M2 => crate::dtype::fp8::F8E5M2, F32 => f32, F64 => f64, C64 => Complex32, C128 => Complex64)
 }
 
 /// Writes `v` at `p` as dtype `d` converts it (rounding to nearest even, integers wrapping).
@@ -139,12 +143,16 @@ unsafe fn store_value(d: Dtype, p: *mut u8, v: Value) {
     use half::{bf16, f16};
     macro_rules! typed {
         ($($n:ident => $t:ty),*) => {
-            // SAFETY: the caller's contract.
-            match d { $(Dtype::$n => unsafe { <$t>::store(p, <$t>::from_value(v)) },)* }
+            match d {
+                // SAFETY: the caller's contract.
+                $(Dtype::$n => unsafe { <$t>::store(p, <$t>::from_value(v)) },)*
+                Dtype::I4 | Dtype::U4 | Dtype::Bit => unreachable!("packed dtypes answer WrongDtype at the door"),
+            }
         };
     }
     typed!(Bool => bool, I8 => i8, I16 => i16, I32 => i32, I64 => i64, U8 => u8, U16 => u16, U32 => u32,
-        U64 => u64, F16 => f16, BF16 => bf16, F32 => f32, F64 => f64, C64 => Complex32, C128 => Complex64)
+        U64 => u64, F16 => f16, BF16 => bf16, F8E4M3 => crate::dtype::fp8::F8E4M3,
+            F8E5M2 => crate::dtype::fp8::F8E5M2, F32 => f32, F64 => f64, C64 => Complex32, C128 => Complex64)
 }
 
 /// Where the door's list holds each read operand, and what the call computes.

@@ -210,7 +210,7 @@ impl<'p> Bound<'p> {
             match &self.prog.nodes[i].0 {
                 Node::Load(j) => {
                     let s = &self.sources[*j];
-                    if s.contiguous {
+                    if s.contiguous && !s.dtype.is_packed() {
                         let p = s.base.at(s.dtype, s.layout.offset() + start as isize);
                         // SAFETY: claims held; a contiguous layout over the loop holds these runs.
                         unsafe { reg::load_run(s.dtype, p, len, out) }

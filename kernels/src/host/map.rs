@@ -95,7 +95,12 @@ fn run<T: Float>(bound: &Bound<'_>, fused: Option<&Fused<T>>, outs: &[(Ptr, isiz
                 unsafe {
                     bound.eval(start, len, regs);
                     for (i, &(p, off, d)) in outs.iter().enumerate() {
-                        reg::store(bound.output(regs, i, start, len), d, p.at(d, off + start as isize), streaming);
+                        let r = bound.output(regs, i, start, len);
+                        if d.is_packed() {
+                            reg::store_packed(r, d, p.byte(0), off + start as isize);
+                        } else {
+                            reg::store(r, d, p.at(d, off + start as isize), streaming);
+                        }
                     }
                 }
                 start += len;

@@ -558,7 +558,7 @@ pub fn store_fence() {
 /// own refuses that as `Overlapping` (its result would depend on the order of its tasks).
 pub(crate) fn overlaps(w: &dyn Operand, r: &dyn Operand) -> bool {
     w.buffer().memory_id() == r.buffer().memory_id()
-        && crate::door::shares_byte(w.layout(), w.dtype().size(), r.layout(), r.dtype().size())
+        && crate::door::shares_byte_bits(w.layout(), w.dtype().bits(), r.layout(), r.dtype().bits())
 }
 
 /// The refusal of destinations `written` for a kernel that reads `read` at other indices than the
@@ -577,6 +577,11 @@ pub(crate) fn destinations(written: &[&dyn Operand], read: &[&dyn Operand]) -> O
 /// every work it must follow): `Done` means queued. Elsewhere the body runs at once, after the
 /// work pending on every operand. Flattens the door's refusal into the answer; a device the call
 /// must follow that is lost answers [`Answer::Lost`].
+/// The kernels that read and write packed dtypes (`int4`, `uint4`, `bit`), by bits: maps (casts
+/// into and out of them, and programs over their values). Every other kernel answers
+/// `WrongDtype` for a packed operand: convert it by a map first.
+const PACKED_KERNELS: &[&str] = &["map"];
+
 pub(crate) fn through_door<F>(
     par: &Arc<Par>,
     kernel: &'static str,
@@ -588,6 +593,11 @@ pub(crate) fn through_door<F>(
 where
     F: Fn(&[&dyn Operand], &[&dyn Operand], bool) -> Answer + Send + Sync + 'static,
 {
+    // packed dtypes (int4, uint4, bit) only through the kernels that address them by bits
+    let packed_ok = PACKED_KERNELS.contains(&kernel);
+    if !packed_ok && written.iter().chain(read).any(|o| o.dtype().is_packed()) {
+        return Answer::WrongDtype;
+    }
     if let Some(o) = par.observer() {
         o.record(crate::observe::Launch::of(kernel, written, read));
         if o.active() {
@@ -598,7 +608,7 @@ where
     // inline: on the calling thread (the rig's worker for queued work), else on the pool
     let inline = work.is_some_and(|(w, n)| par.inline(w, n));
     let rig = written.first().and_then(|o| o.buffer().rig()).filter(|r| r.is_queued()).cloned();
-    let answer = crate::door(written, read, || match rig {
+    let answer = crate::door::door_packed(written, read, || match rig {
         None => {
             if written.iter().chain(read).any(|o| o.buffer().wait().is_err()) {
                 return Answer::Lost;

@@ -4,6 +4,8 @@ use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
 
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
+use crate::dtype::fp8::{F8E4M3, F8E5M2};
+use crate::dtype::packed::{Bit, I4, U4};
 use crate::prog::{BinOp, CmpOp, Ty, UnOp};
 use crate::{Dtype, Element, Value};
 
@@ -154,6 +156,11 @@ macro_rules! dispatch_dtype {
             Dtype::U64 => $m!(u64),
             Dtype::F16 => $m!(half::f16),
             Dtype::BF16 => $m!(half::bf16),
+            Dtype::F8E4M3 => $m!($crate::dtype::fp8::F8E4M3),
+            Dtype::F8E5M2 => $m!($crate::dtype::fp8::F8E5M2),
+            Dtype::I4 | Dtype::U4 | Dtype::Bit => {
+                unreachable!("packed dtypes answer WrongDtype before a kernel's body (through_door)")
+            }
             Dtype::F32 => $m!(f32),
             Dtype::F64 => $m!(f64),
             Dtype::C64 => $m!(num_complex::Complex32),
@@ -162,6 +169,18 @@ macro_rules! dispatch_dtype {
     };
 }
 pub(crate) use dispatch_dtype;
+
+/// [`dispatch_dtype`], the packed dtypes included.
+macro_rules! dispatch_any_dtype {
+    ($d:expr, $m:ident) => {
+        match $d {
+            Dtype::I4 => $m!($crate::dtype::packed::I4),
+            Dtype::U4 => $m!($crate::dtype::packed::U4),
+            Dtype::Bit => $m!($crate::dtype::packed::Bit),
+            d => dispatch_dtype!(d, $m),
+        }
+    };
+}
 
 /// A block of values of one compute type.
 #[derive(Debug, Clone)]
@@ -319,7 +338,7 @@ pub(crate) unsafe fn load(d: Dtype, base: *const u8, positions: &mut dyn Iterato
             let Reg::$v(v) = out else { unreachable!("register of the load's type") };
             let f: fn($t) -> _ = $conv;
             // SAFETY: the caller's contract.
-            v.extend(positions.map(|p| f(unsafe { <$t>::load(base.offset(p * size_of::<$t>() as isize)) })));
+            v.extend(positions.map(|p| f(unsafe { <$t>::load_at(base, p) })));
         }};
     }
     match d {
@@ -334,10 +353,38 @@ pub(crate) unsafe fn load(d: Dtype, base: *const u8, positions: &mut dyn Iterato
         Dtype::U64 => go!(u64, U, |x| x),
         Dtype::F16 => go!(f16, F, f16::to_f32),
         Dtype::BF16 => go!(bf16, F, bf16::to_f32),
+        Dtype::F8E4M3 => go!(F8E4M3, F, F8E4M3::to_f32),
+        Dtype::F8E5M2 => go!(F8E5M2, F, F8E5M2::to_f32),
         Dtype::F32 => go!(f32, F, |x| x),
         Dtype::F64 => go!(f64, D, |x| x),
         Dtype::C64 => go!(Complex32, C, |x| x),
         Dtype::C128 => go!(Complex64, Z, |x| x),
+        Dtype::I4 => go!(I4, I, |x: I4| i64::from(x.get())),
+        Dtype::U4 => go!(U4, U, |x: U4| u64::from(x.get())),
+        Dtype::Bit => go!(Bit, B, Bit::get),
+    }
+}
+
+/// Stores `r` into `r.len()` consecutive elements of the packed dtype `d` from position `pos`
+/// of memory at `base`, converting as [`store`] does, each keeping the other elements of its
+/// byte.
+///
+/// # Safety
+/// An exclusive claim on the destination must be held and the positions must be its elements'.
+pub(crate) unsafe fn store_packed(r: Src<'_>, d: Dtype, base: *mut u8, pos: isize) {
+    macro_rules! go {
+        ($t:ty) => {{
+            for i in 0..r.len() {
+                // SAFETY: the caller's contract.
+                unsafe { <$t>::store_at(base, pos + i as isize, <$t>::from_value(r.value(i))) }
+            }
+        }};
+    }
+    match d {
+        Dtype::I4 => go!(I4),
+        Dtype::U4 => go!(U4),
+        Dtype::Bit => go!(Bit),
+        d => unreachable!("{d} is not packed"),
     }
 }
 
@@ -433,6 +480,8 @@ pub(crate) unsafe fn store(r: Src<'_>, d: Dtype, dst: *mut u8, streaming: bool) 
                 }
             })
         },
+        (Src::F(v), Dtype::F8E4M3) => go!(F8E4M3, v, F8E4M3::from_f32),
+        (Src::F(v), Dtype::F8E5M2) => go!(F8E5M2, v, F8E5M2::from_f32),
         (Src::B(v), Dtype::Bool) => go!(bool, v, |x| x),
         (Src::I(v), Dtype::I8) => go!(i8, v, |x| x as i8),
         (Src::I(v), Dtype::I16) => go!(i16, v, |x| x as i16),
@@ -503,7 +552,7 @@ pub(crate) fn cast(src: Src<'_>, d: Dtype, out: &mut Reg) {
                     }
                 }};
             }
-            dispatch_dtype!(d, slow)
+            dispatch_any_dtype!(d, slow)
         }
     }
 }

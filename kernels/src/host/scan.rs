@@ -104,6 +104,8 @@ macro_rules! scan_half {
 }
 scan_half!(f16, f32_to_f16);
 scan_half!(bf16, f32_to_bf16);
+scan_half!(crate::dtype::fp8::F8E4M3, crate::dtype::fp8::F8E4M3::from_f32);
+scan_half!(crate::dtype::fp8::F8E5M2, crate::dtype::fp8::F8E5M2::from_f32);
 
 pub(crate) fn scan(
     par: &std::sync::Arc<super::par::Par>,

@@ -87,6 +87,8 @@ float_key!(f32, 32);
 float_key!(f64, 64);
 float_key!(f16, 16);
 float_key!(bf16, 16);
+float_key!(crate::dtype::fp8::F8E4M3, 8);
+float_key!(crate::dtype::fp8::F8E5M2, 8);
 
 /// The elements a top-k's filter reads at a time.
 const BLOCK: usize = 64;
@@ -289,9 +291,12 @@ pub(crate) fn sort(
             Dtype::U64 => go!(u64),
             Dtype::F16 => go!(f16),
             Dtype::BF16 => go!(bf16),
+            Dtype::F8E4M3 => go!(crate::dtype::fp8::F8E4M3),
+            Dtype::F8E5M2 => go!(crate::dtype::fp8::F8E5M2),
             Dtype::F32 => go!(f32),
             Dtype::F64 => go!(f64),
             Dtype::C64 | Dtype::C128 => return Answer::Declined,
+            Dtype::I4 | Dtype::U4 | Dtype::Bit => return Answer::WrongDtype,
         }
         Answer::Done
     })
