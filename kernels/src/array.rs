@@ -183,10 +183,12 @@ impl<T: Element> Array<T> {
         if let Some(d) = buffer.death() {
             return Err(Error::Dead { func: FUNC, why: d.to_string() });
         }
-        let bits = T::DTYPE.bits() as isize;
+        let (size, bits) = (T::DTYPE.size() as isize, T::DTYPE.bits() as isize);
         if let Some((lo, hi)) = layout.span() {
-            // positions lie within ±MAX_POSITION (checked by `Layout::new`): the bit offset fits
-            if lo < 0 || ((hi + 1) * bits + 7) / 8 > buffer.bytes() as isize {
+            // positions lie within ±MAX_POSITION = isize::MAX / 32 (checked by `Layout::new`):
+            // the byte offset fits (a packed element's bits are at most 4)
+            let end = if T::DTYPE.is_packed() { ((hi + 1) * bits + 7) / 8 } else { (hi + 1) * size };
+            if lo < 0 || end > buffer.bytes() as isize {
                 return Err(Error::Invalid {
                     func: FUNC,
                     why: format!(
@@ -199,7 +201,7 @@ impl<T: Element> Array<T> {
                     ),
                 });
             }
-            if !T::DTYPE.is_packed() && !((layout.offset() * bits / 8) as usize).is_multiple_of(T::DTYPE.align()) {
+            if !T::DTYPE.is_packed() && !((layout.offset() * size) as usize).is_multiple_of(T::DTYPE.align()) {
                 return Err(Error::Invalid {
                     func: FUNC,
                     why: format!("first element at offset {} is misaligned", layout.offset()),

@@ -231,10 +231,22 @@ pub(crate) fn shares_byte_bits(a: &Layout, sa: usize, b: &Layout, sb: usize) -> 
 /// [`shares_byte_bits`] where either element is narrower than a byte: the byte ranges of every
 /// element, compared exactly (O(n log n)).
 fn shares_byte_packed(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
-    let bytes = |l: &Layout, bits: usize| -> Vec<(isize, isize)> {
+    // the byte range of an element at position p, `bits` wide (positions lie within
+    // MAX_POSITION = isize::MAX / 32 and elements are at most 128 bits: the products fit)
+    let range = |p: isize, bits: usize| {
         let w = bits as isize;
-        let mut v: Vec<(isize, isize)> =
-            l.positions().map(|p| ((p * w).div_euclid(8), (p * w + w + 7).div_euclid(8))).collect();
+        ((p * w).div_euclid(8), (p * w + w + 7).div_euclid(8))
+    };
+    let (Some((alo, ahi)), Some((blo, bhi))) = (a.span(), b.span()) else { return false };
+    let ((a0, _), (_, a1)) = (range(alo, sa), range(ahi, sa));
+    let ((b0, _), (_, b1)) = (range(blo, sb), range(bhi, sb));
+    if a0.max(b0) >= a1.min(b1) {
+        return false;
+    }
+    // each position once: a broadcast axis repeats positions (and may describe far more
+    // elements than memory holds)
+    let bytes = |l: &Layout, bits: usize| -> Vec<(isize, isize)> {
+        let mut v: Vec<(isize, isize)> = l.without_broadcast().positions().map(|p| range(p, bits)).collect();
         v.sort_unstable();
         v
     };

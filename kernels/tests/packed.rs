@@ -177,7 +177,12 @@ fn concurrent_stores_keep_a_bytes_other_elements() {
                 for k in 0..200 {
                     for j in 0..4 {
                         let v = I4::wrapping((k + t + j) as i128);
-                        while a.set(&[j * 4 + t], v).is_err() {
+                        // another set's claim is refused; anything else is a failure
+                        while let Err(e) = a.set(&[j * 4 + t], v) {
+                            assert!(
+                                matches!(e, nx_kernels::Error::Refused { answer: Answer::HeldExclusive, .. }),
+                                "{e}"
+                            );
                             std::hint::spin_loop();
                         }
                     }
@@ -348,6 +353,16 @@ fn the_door_sees_bytes_at_bit_granularity_and_other_kernels_refuse_packed_operan
     assert_eq!(lo.to_vec().unwrap(), hi.to_vec().unwrap());
     // positions 0..7 and 7..14: byte 3 holds 6, 7 (written) and 7 read: shared
     assert_eq!(host.map(&copy, &[7], &[&view(0, 7, 1)], &[&view(7, 14, 1)]), Answer::Overlapping);
+    // spans that meet, bytes that do not: positions 2 and 3 (byte 1) written, 0 and 8 (bytes 0,
+    // 4) read; then 8 and 9 written (byte 4, shared)
+    assert_eq!(host.map(&copy, &[2], &[&view(2, 4, 1)], &[&view(0, 16, 8)]), Answer::Done);
+    assert_eq!(host.map(&copy, &[2], &[&view(8, 10, 1)], &[&view(0, 16, 8)]), Answer::Overlapping);
+    // a broadcast read (stride 0) of one element: shared where its byte is written
+    let lo4 = view(0, 4, 1);
+    let one = |at: isize| view(at, at + 1, 1).apply(&Move::Expand(vec![4])).unwrap().unwrap();
+    assert_eq!(host.map(&copy, &[4], &[&lo4], &[&one(3)]), Answer::Overlapping, "byte 1 holds 2, 3 and 3");
+    assert_eq!(host.map(&copy, &[4], &[&lo4], &[&one(9)]), Answer::Done);
+    assert_eq!(lo4.to_vec().unwrap(), vec![U4::new(9).unwrap(); 4]);
     // a byte view of the same memory read while nibbles are written: shared
     let bytes = a.bitcast::<u8>().unwrap();
     assert!(bytes.is_none(), "a [16] has no trailing pair axis");
