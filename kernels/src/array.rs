@@ -578,14 +578,15 @@ impl<T: Element> Array<T> {
 
     /// This array's elements on `device`, also when it is on `device`, in fresh memory of at most
     /// one element per index (an axis of stride 0 counted once), laid out by the reference's rule
-    /// ([`Layout::copy_layout`]): this layout shifted to position 0 where its span fits in that
-    /// many elements, else its axes packed by decreasing magnitude of stride. Shape [3, 2] at
-    /// strides [2, 2] gets strides [2, 1].
+    /// ([`Layout::copy_layout_bits`]): this layout shifted to position 0 where its span fits in that
+    /// many elements (below a byte: shifted by whole bytes where the span's bytes fit, the bits
+    /// beside its elements copied with them), else its axes packed by decreasing magnitude of
+    /// stride. Shape [3, 2] at strides [2, 2] gets strides [2, 1].
     ///
     /// # Errors
     /// As [`Buffer::new`] and [`Array::transfer`].
     pub fn to_device(&self, device: Device) -> Result<Array<T>> {
-        let (layout, count) = self.layout.copy_layout();
+        let (layout, count) = self.layout.copy_layout_bits(T::DTYPE.bits());
         self.copy_into(Array::new(layout, Buffer::new(device, Self::bytes_of(count)?)?)?)
     }
 
@@ -597,12 +598,36 @@ impl<T: Element> Array<T> {
         })
     }
 
-    /// Stores this array's elements into `out` (of its shape, laid out by [`Layout::copy_layout`]):
-    /// a kept layout by a copy of its whole span (its positions may repeat, as this one's do), a
-    /// packed one element by element, each position once where an axis is broadcast.
+    /// Elements per byte of a packed dtype.
+    fn per_byte() -> isize {
+        (8 / T::DTYPE.bits().max(1)) as isize
+    }
+
+    /// Stores this array's elements into `out` (of its shape, laid out by
+    /// [`Layout::copy_layout_bits`]): a kept layout by a copy of its whole span (its positions may
+    /// repeat, as this one's do; below a byte, the span's whole bytes with their neighbours' bits),
+    /// a packed one element by element, each position once where an axis is broadcast.
     fn copy_into(&self, out: Array<T>) -> Result<Array<T>> {
         let view = |a: &Array<T>, layout: Layout| Array::<T> { layout, buffer: a.buffer.clone(), elem: PhantomData };
         match self.layout.span() {
+            Some((lo, hi))
+                if T::DTYPE.is_packed()
+                    && out.layout.strides() == self.layout.strides()
+                    && out.layout.offset()
+                        == self.layout.offset() - lo.div_euclid(Self::per_byte()) * Self::per_byte() =>
+            {
+                // The kept layout: the bytes from the first position's to the last's, neighbours'
+                // bits included.
+                let per = Self::per_byte();
+                let (first, n) = (lo.div_euclid(per), (hi.div_euclid(per) - lo.div_euclid(per) + 1) as usize);
+                let r = host_door(&[&out], &[self], || {
+                    // SAFETY: both claims held; the source's bytes `first..first + n` hold its
+                    // positions, inside its buffer; the copy's buffer holds at least `n` bytes
+                    // (`copy_layout_bits`), and the buffers differ (the copy is fresh).
+                    unsafe { std::ptr::copy_nonoverlapping(self.base().offset(first), out.base(), n) }
+                });
+                raise("nx_kernels::Array::to_device", r, &[self, &out])?;
+            }
             Some((lo, hi)) if out.layout.strides() == self.layout.strides() => {
                 let n = (hi - lo + 1) as usize;
                 let (src, dst) = (Layout::new(vec![n], vec![1], lo)?, Layout::new(vec![n], vec![1], 0)?);
@@ -622,7 +647,7 @@ impl<T: Element> Array<T> {
     /// # Errors
     /// As [`Rig::alloc`] and [`Array::transfer`].
     pub fn to_rig(&self, rig: &Rig) -> Result<Array<T>> {
-        let (layout, count) = self.layout.copy_layout();
+        let (layout, count) = self.layout.copy_layout_bits(T::DTYPE.bits());
         let bytes = Self::bytes_of(count)?;
         let buffer =
             if T::DTYPE == Dtype::Bool || T::DTYPE.is_packed() { rig.alloc(bytes)? } else { rig.alloc_uninit(bytes)? };

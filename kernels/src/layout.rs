@@ -292,16 +292,27 @@ impl Layout {
     /// 1 and each other at the product of the extents after it, each with the sign of its stride,
     /// an axis of stride 0 keeping 0, the least position at 0.
     pub fn copy_layout(&self) -> (Layout, usize) {
+        self.copy_layout_bits(8)
+    }
+
+    /// [`Layout::copy_layout`] for elements of `bits` bits. Below a byte (`bits` dividing 8) the
+    /// span is counted in bytes: where the bytes from the first position's to the last's are no
+    /// more than the copy's, the layout is kept, shifted by whole bytes (its least position keeps
+    /// its place in its byte), so a copy of those bytes keeps the bits beside the elements.
+    pub fn copy_layout_bits(&self, bits: usize) -> (Layout, usize) {
         let count =
             extent_product(self.shape.iter().zip(&self.strides).map(|(&e, &s)| if s == 0 { e.min(1) } else { e }));
-        let fits = match self.span() {
-            None => true,
-            Some((lo, hi)) => ((hi - lo) as usize) < count,
+        let per = if (1..8).contains(&bits) { (8 / bits) as isize } else { 1 };
+        let shift = match self.span() {
+            None => Some(self.offset),
+            Some((lo, hi)) => {
+                let (first, last) = (lo.div_euclid(per), hi.div_euclid(per));
+                (((last - first) as usize) < count.div_ceil(per as usize)).then_some(first * per)
+            }
         };
-        if fits {
-            let lo = self.span().map_or(self.offset, |(lo, _)| lo);
+        if let Some(shift) = shift {
             return (
-                Layout { shape: self.shape.clone(), strides: self.strides.clone(), offset: self.offset - lo },
+                Layout { shape: self.shape.clone(), strides: self.strides.clone(), offset: self.offset - shift },
                 count,
             );
         }

@@ -689,6 +689,25 @@ fn decompositions_give_the_same_bits_on_any_thread_count_and_refuse_what_does_no
         let first = (0..one.len()).find(|&i| one[i] != other[i]);
         assert_eq!(first, None, "{t} threads: first differing element of q, r, u, s, vh, w, v");
     }
+    // and the same bits in a batch: each of two copies as the matrix alone
+    let twice: Vec<C> = a.iter().chain(&a).copied().collect();
+    let host = Host::with_threads(2).unwrap();
+    let (q2, r2) = (Array::<f64>::zeros(DEV, &[2, m, n]).unwrap(), Array::<f64>::zeros(DEV, &[2, n, n]).unwrap());
+    assert_eq!(host.qr(&q2, &r2, &arr::<f64>(&[2, m, n], &twice)), Answer::Done);
+    let (u2, s2, vh2) = (
+        Array::<f64>::zeros(DEV, &[2, m, n]).unwrap(),
+        Array::<f64>::zeros(DEV, &[2, n]).unwrap(),
+        Array::<f64>::zeros(DEV, &[2, n, n]).unwrap(),
+    );
+    assert_eq!(host.svd(Some(&u2), &s2, Some(&vh2), &arr::<f64>(&[2, m, n], &twice)), Answer::Done);
+    let halves = |x: &Array<f64>| {
+        let v: Vec<u64> = x.to_vec().unwrap().into_iter().map(f64::to_bits).collect();
+        let (lo, hi) = v.split_at(v.len() / 2);
+        assert_eq!(lo, hi, "the two copies of a batch");
+        lo.to_vec()
+    };
+    let alone: Vec<u64> = [&q2, &r2, &u2, &s2, &vh2].iter().flat_map(|x| halves(x)).collect();
+    assert!(one[..alone.len()] == alone[..], "a batch's matrix as the matrix alone");
     // refusals
     let host = Host::new();
     let a = Array::<f64>::zeros(DEV, &[4, 3]).unwrap();

@@ -90,6 +90,44 @@ fn views_sets_and_copies_keep_the_other_elements_of_a_byte() {
 }
 
 #[test]
+fn to_device_keeps_a_fitting_layout_and_the_bits_beside_it() {
+    // bytes 0x21 0x43 0x65 0x87 0xA9: nibbles 1..=10 low first
+    let raw = Array::<u8>::from_vec(DEV, &[5], vec![0x21, 0x43, 0x65, 0x87, 0xA9]).unwrap();
+    let nib = raw.bitcast::<U4>().unwrap().unwrap().apply(&Move::Reshape(vec![10])).unwrap().unwrap();
+    // positions 3..=7 span bytes 1..=3, the three bytes five elements take: the layout is kept,
+    // shifted by one byte, and the copy's first and last bytes keep nibbles 3 and 9 beside them
+    let mid = nib.apply(&Move::Slice { axis: 0, start: Some(3), stop: Some(8), step: 1 }).unwrap().unwrap();
+    let moved = mid.to_device(DEV).unwrap();
+    assert_eq!((moved.layout().offset(), moved.layout().strides()), (1, &[1isize][..]));
+    assert_eq!(moved.to_vec().unwrap(), mid.to_vec().unwrap());
+    let bytes = |a: &Array<U4>| {
+        let whole =
+            Array::<U4>::new(Layout::new(vec![a.buffer().bytes(), 2], vec![2, 1], 0).unwrap(), a.buffer().clone())
+                .unwrap();
+        whole.bitcast::<u8>().unwrap().unwrap().to_vec().unwrap()
+    };
+    assert_eq!(bytes(&moved), vec![0x43, 0x65, 0x87]);
+    // reversed, the same bytes: kept too
+    let rev = mid.apply(&Move::Flip(0)).unwrap().unwrap();
+    let moved = rev.to_device(DEV).unwrap();
+    assert_eq!((moved.layout().offset(), moved.layout().strides()), (5, &[-1isize][..]));
+    assert_eq!(moved.to_vec().unwrap(), rev.to_vec().unwrap());
+    assert_eq!(bytes(&moved), vec![0x43, 0x65, 0x87]);
+    // positions 3..=6 span bytes 1..=3, more than four elements take: packed, zeros beside
+    let short = nib.apply(&Move::Slice { axis: 0, start: Some(3), stop: Some(7), step: 1 }).unwrap().unwrap();
+    let moved = short.to_device(DEV).unwrap();
+    assert_eq!((moved.layout().offset(), bytes(&moved)), (0, vec![0x54, 0x76]));
+    // bits: positions 1..=6 of a byte keep bits 0 and 7 of it
+    let bits = raw.bitcast::<Bit>().unwrap().unwrap().apply(&Move::Reshape(vec![40])).unwrap().unwrap();
+    let six = bits.apply(&Move::Slice { axis: 0, start: Some(1), stop: Some(7), step: 1 }).unwrap().unwrap();
+    let moved = six.to_device(DEV).unwrap();
+    assert_eq!(moved.to_vec().unwrap(), six.to_vec().unwrap());
+    assert_eq!(moved.layout().offset(), 1);
+    let whole = Array::<Bit>::new(Layout::new(vec![1, 8], vec![8, 1], 0).unwrap(), moved.buffer().clone()).unwrap();
+    assert_eq!(whole.bitcast::<u8>().unwrap().unwrap().to_vec().unwrap(), vec![0x21], "bits 0 and 7 kept");
+}
+
+#[test]
 fn bitcasts_to_and_from_bytes() {
     let raw = Array::<u8>::from_vec(DEV, &[2, 3], vec![0x21, 0x43, 0x65, 0x87, 0xA9, 0xCB]).unwrap();
     let nib = raw.bitcast::<U4>().unwrap().unwrap();

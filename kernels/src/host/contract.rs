@@ -1,11 +1,12 @@
-//! The contraction kernel: operands permuted to (batch, free, contracting) views, `faer`'s matrix
-//! product per batch.
+//! The contraction kernel: operands permuted to (batch, free, contracting) views, a matrix
+//! product per batch: nx's own for `f32` (and the halves and fp8 it widens), `faer`'s for the rest.
 
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
 use rayon::prelude::*;
 
 use super::eval::Ptr;
+use super::sgemm::{sgemm, Isa, Mat, Out, Rows};
 use super::through_door;
 use crate::door::{identical, Operand};
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
@@ -75,13 +76,14 @@ pub(crate) struct Dims {
 
 /// `dst[b] (+)= lhs[b] · rhs[b]` for every batch `b` (`add`: accumulate into what `dst` holds;
 /// else overwrite it), `dst` C-contiguous (b, m, n). One batch takes every thread of the pool;
-/// many batches spread over the pool, one thread each. faer's product blocks the contracting axis
-/// by cache sizes alone, so the bits do not depend on the thread count (checked with 1, 2 and 8).
+/// many batches spread over the pool, one thread each. `f32` goes to nx's own product, whose bits
+/// depend on `k` alone; the other types to faer's, which blocks the contracting axis by cache
+/// sizes alone, so the bits do not depend on the thread count (checked with 1, 2 and 8).
 ///
 /// # Safety
 /// The views address valid `T`s of live memory over their (b, m, k) and (b, k, n) extents; `dst`
 /// holds b·m·n of them that nothing else touches meanwhile.
-pub(crate) unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync>(
+pub(crate) unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync + 'static>(
     d: &Dims,
     dst: Ptr,
     lhs: View,
@@ -90,6 +92,10 @@ pub(crate) unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync>
     one: T,
 ) {
     let threads = rayon::current_num_threads().max(1);
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: the caller's contract, T being f32.
+        return unsafe { product_f32(d, dst, lhs, rhs, add, threads) };
+    }
     let size = size_of::<T>() as isize;
     let one_batch = |bb: usize, par: faer::Par| {
         let (dst, lhs, rhs) = (dst, lhs, rhs);
@@ -108,6 +114,29 @@ pub(crate) unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync>
         (0..d.b).into_par_iter().for_each(|bb| one_batch(bb, faer::Par::Seq));
     } else {
         (0..d.b).for_each(|bb| one_batch(bb, faer::Par::rayon(threads)));
+    }
+}
+
+/// [`product`] for `f32`, by nx's own kernel ([`super::sgemm`]): its bits depend on `k` alone.
+///
+/// # Safety
+/// As [`product`].
+unsafe fn product_f32(d: &Dims, dst: Ptr, lhs: View, rhs: View, add: bool, threads: usize) {
+    let isa = Isa::best();
+    let one_batch = |bb: usize, parallel: bool| {
+        let (dst, lhs, rhs) = (dst, lhs, rhs);
+        let at = |v: View| v.base.0.wrapping_offset((v.offset + bb as isize * v.strides[0]) * 4).cast::<f32>();
+        let a = Mat { base: at(lhs), rows: Rows::Stride(lhs.strides[1]), col: lhs.strides[2] };
+        let b = Mat { base: at(rhs), rows: Rows::Stride(rhs.strides[1]), col: rhs.strides[2] };
+        let c =
+            Out { base: dst.0.wrapping_offset((bb * d.m * d.n) as isize * 4).cast(), rows: Rows::Stride(d.n as isize) };
+        // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
+        unsafe { sgemm(isa, d.m, d.n, d.k, a, b, c, add, parallel) }
+    };
+    if d.b >= threads {
+        (0..d.b).into_par_iter().for_each(|bb| one_batch(bb, false));
+    } else {
+        (0..d.b).for_each(|bb| one_batch(bb, true));
     }
 }
 

@@ -3,10 +3,11 @@
 //!
 //! Operands that need it are read into the accumulator in C order of their (batch, rows,
 //! contracting) or (batch, contracting, columns) permutation, each element times its block
-//! scale; the others are read in place through their strides. Each group's rows (or contracting
-//! indices) are gathered into a contiguous block, multiplied by the float product of
-//! [`super::contract`] (faer) or the wrapping integer product of [`super::int_product`], and
-//! written back to the group's rows. Integer accumulators of up to 32 bits compute in `i32` and
+//! scale; the others are read in place through their strides. An `f32` group of rows goes to
+//! nx's own product ([`super::sgemm`]) with the group's row starts, read and written in place;
+//! other groups' rows (or contracting indices) are gathered into a contiguous block, multiplied by
+//! the float product of [`super::contract`] or the wrapping integer product of
+//! [`super::int_product`], and written back to the group's rows. Integer accumulators of up to 32 bits compute in `i32` and
 //! 64-bit ones in `i64`, wrapping: the low bits of a wrapping sum do not depend on the width it
 //! wraps at, so an `i8` or `u16` accumulator's result is the low bits of the `i32` one.
 
@@ -16,6 +17,7 @@ use rayon::prelude::*;
 use super::contract::{as_view, product, Dims, View};
 use super::eval::Ptr;
 use super::int_product::int_product;
+use super::sgemm::{sgemm, Isa, Mat, Out, Rows};
 use super::through_door;
 use crate::contraction::{contraction_accumulator, widens_into, Contraction, Factor, Scale, Segmented, Segments};
 use crate::door::{identical, Operand};
@@ -380,7 +382,9 @@ unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
                     at(q).write(T::from_value(value_at(id, ib.at(id, p))));
                 }
             }
-            None => (0..numel).for_each(|q| at(q).write(T::default())),
+            None => {
+                std::slice::from_raw_parts_mut(at(0), numel).par_chunks_mut(1 << 16).for_each(|c| c.fill(T::default()))
+            }
         }
         let add = plan.init.is_some();
         // outputs that receive products, where init's bits must be restored elsewhere (a
@@ -429,6 +433,33 @@ unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
                     }
                     for (e, members) in groups.iter().enumerate().filter(|(_, v)| !v.is_empty()) {
                         let cnt = members.len();
+                        if T::DTYPE == Dtype::F32 {
+                            // nx's own product reads the group's rows and writes its outputs in place
+                            let rows_a: Vec<isize> = members
+                                .iter()
+                                .map(|&row| lhs.offset + bb as isize * lhs.strides[0] + row as isize * lhs.strides[1])
+                                .collect();
+                            let rows_c: Vec<isize> = members.iter().map(|&row| ((bb * m + row) * n) as isize).collect();
+                            let am =
+                                Mat { base: lhs.base.0.cast::<f32>(), rows: Rows::At(&rows_a), col: lhs.strides[2] };
+                            let bm = Mat {
+                                base: rhs
+                                    .base
+                                    .0
+                                    .cast::<f32>()
+                                    .offset(rhs.offset + (bb * g + e) as isize * rhs.strides[0]),
+                                rows: Rows::Stride(rhs.strides[1]),
+                                col: rhs.strides[2],
+                            };
+                            let om = Out { base: out.0.cast::<f32>(), rows: Rows::At(&rows_c) };
+                            sgemm(Isa::best(), cnt, n, k, am, bm, om, add, true);
+                            if track {
+                                for &row in members {
+                                    touched[(bb * m + row) * n..(bb * m + row + 1) * n].fill(true);
+                                }
+                            }
+                            continue;
+                        }
                         ta.clear();
                         for &row in members {
                             if lhs.strides[2] == 1 {

@@ -4,6 +4,8 @@
 //! a column-major `faer::Mat` through its layout, factored or solved there, and written out.
 //! Several matrices run one per task, each on one thread; a single matrix runs on the library's
 //! threads (faer splits its products by output blocks, so the bits do not depend on their count).
+//! QR, SVD and the eigendecompositions, whose bits follow faer's split of them, get a fixed split
+//! of `NOMINAL_SPLIT` (8) tasks on every matrix, alone or batched, run by whatever threads there are.
 
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_scratch, LltRegularization};
@@ -189,10 +191,15 @@ fn each(count: usize, f: impl Fn(usize, Par) + Sync) {
     }
 }
 
-/// As [`each`], every matrix on one thread: faer's QR, SVD and eigendecomposition split their
-/// work by the thread count, which changes their bits.
-fn each_seq(count: usize, f: impl Fn(usize, Par) + Sync) {
-    (0..count).into_par_iter().for_each(|b| f(b, Par::Seq));
+/// The split faer's QR, SVD and eigendecompositions are given, whatever the pool's threads: their
+/// bits follow the split (its tasks' blocks), not the threads that run its tasks, so a fixed split
+/// keeps the bits of one thread on any count while a pool of two or more shares the work.
+const NOMINAL_SPLIT: usize = 8;
+
+/// As [`each`] for the routines whose bits follow faer's split: every matrix, alone or in a batch,
+/// under the same [`NOMINAL_SPLIT`], so its bits depend neither on the threads nor on the batch.
+fn each_fixed(count: usize, f: impl Fn(usize, Par) + Sync) {
+    (0..count).into_par_iter().for_each(|b| f(b, Par::rayon(NOMINAL_SPLIT)));
 }
 
 macro_rules! dispatch {
@@ -442,7 +449,7 @@ pub(crate) fn qr(par: &std::sync::Arc<super::par::Par>, q: &dyn Operand, r: &dyn
         let (qm_, rm_, am) = (Mats::of(q), Mats::of(r), Mats::of(a));
         macro_rules! go {
             ($t:ty) => {
-                each_seq(count, |b, par| {
+                each_fixed(count, |b, par| {
                     let mut f = am.read::<$t>(b);
                     let cols = if complete { m } else { k };
                     let mut qq = Mat::<$t>::identity(m, cols);
@@ -550,7 +557,7 @@ pub(crate) fn svd(
         };
         macro_rules! go {
             ($t:ty) => {
-                each_seq(count, |b, par| {
+                each_fixed(count, |b, par| {
                     let x = am.read::<$t>(b);
                     let (uc, vc) = if complete { (m, n) } else { (k, k) };
                     let mut sv = faer::diag::Diag::<$t>::zeros(k);
@@ -626,7 +633,7 @@ pub(crate) fn eigh(
         let how = if vectors { ComputeEigenvectors::Yes } else { ComputeEigenvectors::No };
         macro_rules! go {
             ($t:ty) => {
-                each_seq(count, |b, par| {
+                each_fixed(count, |b, par| {
                     // the lower triangle, mirrored: faer reads the lower triangle alone
                     let x = am.read_part::<$t>(b, Part::Lower { diagonal: true });
                     let mut ev = faer::diag::Diag::<$t>::zeros(n);
@@ -715,7 +722,7 @@ pub(crate) fn eig(
         }
         macro_rules! real {
             ($t:ty, $c:ty) => {
-                each_seq(count, |b, par| {
+                each_fixed(count, |b, par| {
                     let x = am.read::<$t>(b);
                     let (mut re, mut im) = (faer::diag::Diag::<$t>::zeros(n), faer::diag::Diag::<$t>::zeros(n));
                     let mut ur = Mat::<$t>::zeros(n, n);
@@ -755,7 +762,7 @@ pub(crate) fn eig(
         }
         macro_rules! complex {
             ($c:ty) => {
-                each_seq(count, |b, par| {
+                each_fixed(count, |b, par| {
                     let x = am.read::<$c>(b);
                     let mut s = faer::diag::Diag::<$c>::zeros(n);
                     let mut ur = Mat::<$c>::zeros(if vectors { n } else { 0 }, if vectors { n } else { 0 });

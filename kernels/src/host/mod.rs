@@ -188,6 +188,7 @@ mod par;
 mod reduce;
 pub(crate) mod reg;
 mod scan;
+mod sgemm;
 mod sort;
 
 use std::sync::Arc;

@@ -1,0 +1,440 @@
+//! nx's own `f32` matrix product: `C (+)= A · B` in BLIS's loop nest, with rows of `A` and `C`
+//! read and written where they lie (a stride or a list of row starts), so a grouped product
+//! addresses each group's rows in place instead of gathering them into a block.
+//!
+//! The contracting axis is cut into blocks of [`KC`]; within a block each output's products are
+//! added in index order by fused multiply-adds into an accumulator from +0, and the block's sum is
+//! added to the output (or, in the first block of an overwriting product, stored). So an output's
+//! bits depend on `k` alone — not on `m`, `n`, where its row or column lies, the thread count or
+//! the instruction set: the AVX-512 tiles (12 × 32), the AVX2 ones (6 × 16) and the plain ones
+//! (scalar `mul_add`, 6 × 16) give the same bits, picked at run time by what the CPU has.
+//!
+//! Loop nest: for each [`NC`] columns and each block of the contracting axis, `B`'s block is
+//! packed into panels of the tile's width (zero-padded), then each [`MCHUNK`] rows of `A` into
+//! panels of the tile's height, both over the pool; tasks of up to [`MC_PANELS`] row panels (and,
+//! where they are fewer than 8 a thread, a share of the column panels) run the tile kernel over
+//! every pair, an `A` panel (12 × 512: 24 KiB, the first level of cache) against each of the
+//! task's `B` panels in turn (from the second). The tile kernels reach 106 GFLOP/s a core here
+//! (AMD EPYC with AVX-512, data in the first level: the AVX2 tiles reach as much); see the
+//! README's benchmarks for whole products.
+
+use rayon::prelude::*;
+
+/// The contracting axis's block: an output's bits depend on `k` through it.
+pub(crate) const KC: usize = 512;
+/// Columns packed at a time.
+const NC: usize = 4096;
+/// Rows packed at a time.
+const MCHUNK: usize = 4096;
+/// Row panels in a task's block of `A`.
+const MC_PANELS: usize = 16;
+
+/// The tile kernels, by instruction set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// AVX-512F: tiles of 12 rows × 32 columns.
+    Avx512,
+    /// AVX2 with FMA: tiles of 6 × 16.
+    Avx2,
+    /// Scalar fused multiply-adds: tiles of 6 × 16.
+    Plain,
+}
+
+impl Isa {
+    /// The best kernel this CPU runs.
+    pub(crate) fn best() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Plain
+    }
+
+    /// Whether this CPU runs the kernel.
+    #[cfg(test)]
+    pub(crate) fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+                Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+                Isa::Plain => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Plain
+        }
+    }
+
+    /// The tile: (rows, columns).
+    fn tile(self) -> (usize, usize) {
+        match self {
+            Isa::Avx512 => (12, 32),
+            Isa::Avx2 | Isa::Plain => (6, 16),
+        }
+    }
+}
+
+/// Where a matrix's rows start, in elements from its base.
+#[derive(Clone, Copy)]
+pub(crate) enum Rows<'a> {
+    /// Row `i` at `i · stride`.
+    Stride(isize),
+    /// Row `i` at `starts[i]`.
+    At(&'a [isize]),
+}
+
+impl Rows<'_> {
+    fn at(&self, i: usize) -> isize {
+        match self {
+            Rows::Stride(s) => i as isize * s,
+            Rows::At(v) => v[i],
+        }
+    }
+}
+
+/// A matrix read by the product: element `(i, j)` at `base + rows.at(i) + j · col`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a> {
+    pub(crate) base: *const f32,
+    pub(crate) rows: Rows<'a>,
+    pub(crate) col: isize,
+}
+
+/// The destination: element `(i, j)` at `base + rows.at(i) + j`.
+#[derive(Clone, Copy)]
+pub(crate) struct Out<'a> {
+    pub(crate) base: *mut f32,
+    pub(crate) rows: Rows<'a>,
+}
+
+impl Out<'_> {
+    /// Where element `(i, j)` lies.
+    ///
+    /// # Safety
+    /// It lies in the destination's allocation.
+    unsafe fn at(&self, i: usize, j: usize) -> *mut f32 {
+        // SAFETY: the caller's contract.
+        unsafe { self.base.offset(self.rows.at(i) + j as isize) }
+    }
+}
+
+// SAFETY: the matrices are only read by the tasks of one call, whose caller holds the memory for
+// its whole run.
+unsafe impl Send for Mat<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Mat<'_> {}
+// SAFETY: the tasks of one call write the destination at disjoint elements; its caller holds the
+// memory for the whole run.
+unsafe impl Send for Out<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Out<'_> {}
+
+/// A zeroed `f32` buffer whose first element lies on a 64-byte line.
+struct Aligned {
+    v: Vec<f32>,
+    start: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let v = vec![0f32; len + 16];
+        let start = v.as_ptr().align_offset(64).min(16);
+        Aligned { v, start }
+    }
+
+    fn slice(&mut self, len: usize) -> &mut [f32] {
+        &mut self.v[self.start..self.start + len]
+    }
+}
+
+/// `C (+)= A · B` for `A` of `m × k`, `B` of `k × n` (`add`: onto what `C` holds; else `C` is
+/// overwritten, +0 where `k` is 0), with `isa`'s tiles, over the current rayon pool where
+/// `parallel`.
+///
+/// # Safety
+/// `a`, `b` address live `f32`s over their extents; `c` addresses `m` rows of `n` writable `f32`s
+/// that nothing else reads or writes meanwhile, disjoint from `a`'s and `b`'s.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Out, add: bool, parallel: bool) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !add {
+            for i in 0..m {
+                // SAFETY: the caller's contract: row i holds n elements.
+                unsafe { std::ptr::write_bytes(c.base.offset(c.rows.at(i)), 0, n) };
+            }
+        }
+        return;
+    }
+    let (mr, nr) = isa.tile();
+    let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
+    let mut packed_b = Aligned::new(KC.min(k) * NC.min(n.div_ceil(nr) * nr));
+    let mut packed_a = Aligned::new(KC.min(k) * MCHUNK.min(m.div_ceil(mr) * mr));
+    for jc in (0..n).step_by(NC) {
+        let nc = NC.min(n - jc);
+        let panels = nc.div_ceil(nr);
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let bp = packed_b.slice(kc * panels * nr);
+            let pack = |(q, panel): (usize, &mut [f32])| {
+                // SAFETY: the caller's contract: rows pc.., columns jc + q·nr.. of b.
+                unsafe { pack_b(b, pc, kc, jc + q * nr, nr.min(nc - q * nr), nr, panel) }
+            };
+            if threads > 1 && panels > 1 {
+                bp.par_chunks_mut(kc * nr).enumerate().for_each(pack);
+            } else {
+                bp.chunks_mut(kc * nr).enumerate().for_each(pack);
+            }
+            let bp: &[f32] = bp;
+            let onto = add || pc > 0;
+            for ic in (0..m).step_by(MCHUNK) {
+                let mm = MCHUNK.min(m - ic);
+                let row_panels = mm.div_ceil(mr);
+                let ap = packed_a.slice(row_panels * mr * kc);
+                let pack = |(q, panel): (usize, &mut [f32])| {
+                    // SAFETY: the caller's contract: rows ic + q·mr.., columns pc.. of a.
+                    unsafe { pack_a(a, ic + q * mr, mr.min(mm - q * mr), pc, kc, mr, panel) }
+                };
+                if threads > 1 && row_panels > 1 {
+                    ap.par_chunks_mut(kc * mr).enumerate().for_each(pack);
+                } else {
+                    ap.chunks_mut(kc * mr).enumerate().for_each(pack);
+                }
+                let ap: &[f32] = ap;
+                // tasks of up to MC_PANELS row panels, and where they are fewer than 8 a thread,
+                // of a share of the column panels
+                let blocks = row_panels.div_ceil(MC_PANELS);
+                let per_block = row_panels.div_ceil(blocks);
+                let shares = if threads == 1 { 1 } else { (8 * threads).div_ceil(blocks).min(panels) };
+                let per_share = panels.div_ceil(shares);
+                let task = |t: usize| {
+                    let (ib, sh) = (t / shares, t % shares);
+                    let (q0, q1) = (ib * per_block, ((ib + 1) * per_block).min(row_panels));
+                    let (p0, p1) = (sh * per_share, ((sh + 1) * per_share).min(panels));
+                    for q in q0..q1 {
+                        let (i, mv) = (ic + q * mr, mr.min(mm - q * mr));
+                        let apanel = &ap[q * kc * mr..(q + 1) * kc * mr];
+                        for p in p0..p1 {
+                            let (j, nv) = (jc + p * nr, nr.min(nc - p * nr));
+                            let bpanel = &bp[p * kc * nr..(p + 1) * kc * nr];
+                            let mut dst = [std::ptr::null_mut::<f32>(); 12];
+                            for (r, d) in dst.iter_mut().enumerate().take(mv) {
+                                // SAFETY: the caller's contract: row i + r, column j lie in c.
+                                *d = unsafe { c.at(i + r, j) };
+                            }
+                            // SAFETY: panels of kc·mr and kc·nr; dst's first mv rows hold nv
+                            // elements.
+                            unsafe { tile(isa, kc, apanel, bpanel, &dst, mv, nv, onto) };
+                        }
+                    }
+                };
+                if threads > 1 && blocks * shares > 1 {
+                    (0..blocks * shares).into_par_iter().for_each(task);
+                } else {
+                    (0..blocks * shares).for_each(task);
+                }
+            }
+        }
+    }
+}
+
+/// Packs rows `p0..p0 + kc`, columns `j0..j0 + nv` of `b` into `panel` (`kc` rows of `nr`, the
+/// columns past `nv` zero).
+///
+/// # Safety
+/// Those elements of `b` are live.
+unsafe fn pack_b(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, nr: usize, panel: &mut [f32]) {
+    for p in 0..kc {
+        let row = b.rows.at(p0 + p) + j0 as isize * b.col;
+        let dst = &mut panel[p * nr..(p + 1) * nr];
+        if b.col == 1 {
+            // SAFETY: the caller's contract: nv contiguous elements.
+            dst[..nv].copy_from_slice(unsafe { std::slice::from_raw_parts(b.base.offset(row), nv) });
+        } else {
+            for (jj, d) in dst[..nv].iter_mut().enumerate() {
+                // SAFETY: the caller's contract.
+                *d = unsafe { *b.base.offset(row + jj as isize * b.col) };
+            }
+        }
+        dst[nv..].fill(0.0);
+    }
+}
+
+/// Packs rows `i0..i0 + mv`, columns `p0..p0 + kc` of `a` into `panel` (`kc` columns of `mr`, the
+/// rows past `mv` zero).
+///
+/// # Safety
+/// Those elements of `a` are live.
+unsafe fn pack_a(a: Mat, i0: usize, mv: usize, p0: usize, kc: usize, mr: usize, panel: &mut [f32]) {
+    for r in 0..mr {
+        if r >= mv {
+            (0..kc).for_each(|p| panel[p * mr + r] = 0.0);
+            continue;
+        }
+        let row = a.rows.at(i0 + r) + p0 as isize * a.col;
+        for p in 0..kc {
+            // SAFETY: the caller's contract.
+            panel[p * mr + r] = unsafe { *a.base.offset(row + p as isize * a.col) };
+        }
+    }
+}
+
+/// One tile: the products of an `A` panel and a `B` panel over `kc`, added to (`add`) or stored
+/// into the first `mv` rows' first `nv` columns at `dst`.
+///
+/// # Safety
+/// `a` holds `kc · mr`, `b` `kc · nr` elements of `isa`'s tile; `dst[..mv]` point at `nv` writable
+/// elements each.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(isa: Isa, kc: usize, a: &[f32], b: &[f32], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
+    debug_assert!(a.len() >= kc * isa.tile().0 && b.len() >= kc * isa.tile().1);
+    // SAFETY: the caller's contract; each kernel runs only where `Isa::best` found its features.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::tile512(kc, a.as_ptr(), b.as_ptr(), dst, mv, nv, add),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::tile256(kc, a.as_ptr(), b.as_ptr(), dst, mv, nv, add),
+            _ => tile_plain(kc, a, b, dst, mv, nv, add),
+        }
+    }
+}
+
+/// The plain 6 × 16 tile: the same additions, in the same order, as the vector ones.
+///
+/// # Safety
+/// As [`tile`].
+unsafe fn tile_plain(kc: usize, a: &[f32], b: &[f32], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
+    let mut acc = [[0f32; 16]; 6];
+    for p in 0..kc {
+        for (r, row) in acc.iter_mut().enumerate() {
+            let x = a[p * 6 + r];
+            for (j, s) in row.iter_mut().enumerate() {
+                *s = x.mul_add(b[p * 16 + j], *s);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate().take(mv) {
+        // SAFETY: the caller's contract: nv elements at dst[r].
+        let out = unsafe { std::slice::from_raw_parts_mut(dst[r], nv) };
+        for (o, &s) in out.iter_mut().zip(row) {
+            *o = if add { *o + s } else { s };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// The AVX-512 tile: 12 rows × 32 columns in 24 registers.
+    ///
+    /// # Safety
+    /// As [`super::tile`], on a CPU with AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile512(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        dst: &[*mut f32; 12],
+        mv: usize,
+        nv: usize,
+        add: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; 12];
+        // SAFETY: the caller's contract: kc·12 and kc·32 elements.
+        unsafe {
+            if add {
+                for &d in dst.iter().take(mv) {
+                    _mm_prefetch::<_MM_HINT_T0>(d.cast());
+                    _mm_prefetch::<_MM_HINT_T0>(d.add(16).cast());
+                }
+            }
+            for p in 0..kc {
+                let b0 = _mm512_loadu_ps(b.add(p * 32));
+                let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
+                let ap = a.add(p * 12);
+                for (r, s) in acc.iter_mut().enumerate() {
+                    let x = _mm512_set1_ps(*ap.add(r));
+                    s[0] = _mm512_fmadd_ps(x, b0, s[0]);
+                    s[1] = _mm512_fmadd_ps(x, b1, s[1]);
+                }
+            }
+            let lanes = if nv >= 32 { u32::MAX } else { (1u32 << nv) - 1 };
+            let (m0, m1) = ((lanes & 0xffff) as __mmask16, (lanes >> 16) as __mmask16);
+            for (r, s) in acc.iter().enumerate().take(mv) {
+                let (d0, d1) = (dst[r], dst[r].add(16));
+                let (mut v0, mut v1) = (s[0], s[1]);
+                if add {
+                    v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d0), v0);
+                    v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, d1), v1);
+                }
+                _mm512_mask_storeu_ps(d0, m0, v0);
+                _mm512_mask_storeu_ps(d1, m1, v1);
+            }
+        }
+    }
+
+    /// The AVX2 tile: 6 rows × 16 columns in 12 registers.
+    ///
+    /// # Safety
+    /// As [`super::tile`], on a CPU with AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile256(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        dst: &[*mut f32; 12],
+        mv: usize,
+        nv: usize,
+        add: bool,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; 6];
+        // SAFETY: the caller's contract: kc·6 and kc·16 elements.
+        unsafe {
+            for p in 0..kc {
+                let b0 = _mm256_loadu_ps(b.add(p * 16));
+                let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
+                let ap = a.add(p * 6);
+                for (r, s) in acc.iter_mut().enumerate() {
+                    let x = _mm256_set1_ps(*ap.add(r));
+                    s[0] = _mm256_fmadd_ps(x, b0, s[0]);
+                    s[1] = _mm256_fmadd_ps(x, b1, s[1]);
+                }
+            }
+            for (r, s) in acc.iter().enumerate().take(mv) {
+                let d = dst[r];
+                if nv == 16 {
+                    let (mut v0, mut v1) = (s[0], s[1]);
+                    if add {
+                        v0 = _mm256_add_ps(_mm256_loadu_ps(d), v0);
+                        v1 = _mm256_add_ps(_mm256_loadu_ps(d.add(8)), v1);
+                    }
+                    _mm256_storeu_ps(d, v0);
+                    _mm256_storeu_ps(d.add(8), v1);
+                } else {
+                    let mut t = [0f32; 16];
+                    _mm256_storeu_ps(t.as_mut_ptr(), s[0]);
+                    _mm256_storeu_ps(t.as_mut_ptr().add(8), s[1]);
+                    for (j, &x) in t.iter().enumerate().take(nv) {
+                        let o = d.add(j);
+                        *o = if add { *o + x } else { x };
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "sgemm_tests.rs"]
+mod tests;

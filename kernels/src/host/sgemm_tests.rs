@@ -1,0 +1,207 @@
+//! Tests of nx's `f32` product: against naive f64 loops, its stated association bit for bit, and
+//! the same bits on every instruction set, thread count, shape and row placement.
+
+use super::*;
+
+/// A deterministic stream of values in [-1, 1), some exactly 0 and some tiny.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        match self.0 % 97 {
+            0 => 0.0,
+            1 => -1.0e-30,
+            _ => ((self.0 >> 40) as f32 / (1u64 << 23) as f32) - 1.0,
+        }
+    }
+
+    fn fill(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+/// The documented association, written out: per block of KC, an accumulator from +0 takes each
+/// product by a fused multiply-add in index order; the block's sum is added to the output, or
+/// stored in the first block of an overwriting product.
+fn documented(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32], add: bool) {
+    for i in 0..m {
+        for j in 0..n {
+            let mut out = if add { c[i * n + j] } else { 0.0 };
+            for (q, p0) in (0..k).step_by(KC).enumerate() {
+                let mut s = 0f32;
+                for p in p0..(p0 + KC).min(k) {
+                    s = a[i * k + p].mul_add(b[p * n + j], s);
+                }
+                out = if q == 0 && !add { s } else { out + s };
+            }
+            c[i * n + j] = out;
+        }
+    }
+}
+
+/// Runs the product of row-major `a` (m × k) and `b` (k × n) into row-major `c`.
+#[allow(clippy::too_many_arguments)]
+fn run(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32], add: bool, parallel: bool) {
+    let am = Mat { base: a.as_ptr(), rows: Rows::Stride(k as isize), col: 1 };
+    let bm = Mat { base: b.as_ptr(), rows: Rows::Stride(n as isize), col: 1 };
+    let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
+    // SAFETY: the slices hold the extents.
+    unsafe { sgemm(isa, m, n, k, am, bm, out, add, parallel) };
+}
+
+fn isas() -> Vec<Isa> {
+    [Isa::Avx512, Isa::Avx2, Isa::Plain].into_iter().filter(|i| i.available()).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+const SHAPES: [(usize, usize, usize); 9] = [
+    (1, 1, 1),
+    (13, 33, 1025),
+    (12, 32, 512),
+    (25, 17, 513),
+    (7, 65, 3),
+    (200, 45, 300),
+    (1, 100, 1700),
+    (40, 1, 9),
+    (3, 4097, 2),
+];
+
+#[test]
+fn products_are_within_the_bound_of_naive_f64_loops() {
+    let mut g = Gen(7);
+    for &(m, n, k) in &SHAPES {
+        let (a, b) = (g.fill(m * k), g.fill(k * n));
+        let c0 = g.fill(m * n);
+        for isa in isas() {
+            for add in [false, true] {
+                let mut c = c0.clone();
+                run(isa, m, n, k, &a, &b, &mut c, add, true);
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut exact, mut mag) = (if add { c0[i * n + j] as f64 } else { 0.0 }, 0f64);
+                        for p in 0..k {
+                            let t = a[i * k + p] as f64 * b[p * n + j] as f64;
+                            exact += t;
+                            mag += t.abs();
+                        }
+                        mag += if add { (c0[i * n + j] as f64).abs() } else { 0.0 };
+                        // each of at most k + 2 roundings is within 2^-24 of what it rounds
+                        let bound = (k + 2) as f64 * f32::EPSILON as f64 / 2.0 * mag * 1.01 + 1e-37;
+                        let got = c[i * n + j] as f64;
+                        assert!(
+                            (got - exact).abs() <= bound,
+                            "{isa:?} {m}x{n}x{k} add {add} at ({i}, {j}): {got} against {exact} (bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_kernel_gives_the_documented_association_bit_for_bit() {
+    let mut g = Gen(11);
+    for &(m, n, k) in &SHAPES {
+        let (a, b) = (g.fill(m * k), g.fill(k * n));
+        let c0 = g.fill(m * n);
+        for add in [false, true] {
+            let mut want = c0.clone();
+            documented(m, n, k, &a, &b, &mut want, add);
+            for isa in isas() {
+                for parallel in [false, true] {
+                    let mut c = c0.clone();
+                    run(isa, m, n, k, &a, &b, &mut c, add, parallel);
+                    assert_eq!(bits(&c), bits(&want), "{isa:?} {m}x{n}x{k} add {add} parallel {parallel}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bits_do_not_depend_on_the_thread_count() {
+    let (m, n, k) = (77, 130, 600);
+    let mut g = Gen(3);
+    let (a, b) = (g.fill(m * k), g.fill(k * n));
+    let mut first: Option<Vec<u32>> = None;
+    for threads in [1, 2, 3, 8] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let mut c = vec![f32::NAN; m * n];
+        pool.install(|| run(Isa::best(), m, n, k, &a, &b, &mut c, false, true));
+        let got = bits(&c);
+        assert_eq!(*first.get_or_insert_with(|| got.clone()), got, "{threads} threads");
+    }
+}
+
+#[test]
+fn listed_rows_and_strided_operands_are_read_and_written_in_place() {
+    // A's rows picked from a taller matrix out of order, B read transposed, C's rows scattered
+    // into a taller destination: the same bits as the plain product of the gathered rows.
+    let (m, n, k, tall) = (19, 37, 270, 50);
+    let mut g = Gen(5);
+    let big_a = g.fill(tall * k);
+    let bt = g.fill(n * k); // B transposed: element (p, j) at j·k + p
+    let picks: Vec<usize> = (0..m).map(|i| (i * 7 + 3) % tall).collect();
+    let a: Vec<f32> = picks.iter().flat_map(|&r| big_a[r * k..(r + 1) * k].to_vec()).collect();
+    let b: Vec<f32> = (0..k).flat_map(|p| (0..n).map(move |j| (p, j))).map(|(p, j)| bt[j * k + p]).collect();
+    let mut want = vec![0f32; m * n];
+    documented(m, n, k, &a, &b, &mut want, false);
+    let a_rows: Vec<isize> = picks.iter().map(|&r| (r * k) as isize).collect();
+    let c_rows: Vec<isize> = (0..m).map(|i| (((i * 11) % tall) * n) as isize).collect();
+    for isa in isas() {
+        let mut c = vec![f32::NAN; tall * n];
+        let am = Mat { base: big_a.as_ptr(), rows: Rows::At(&a_rows), col: 1 };
+        let bm = Mat { base: bt.as_ptr(), rows: Rows::Stride(1), col: k as isize };
+        let out = Out { base: c.as_mut_ptr(), rows: Rows::At(&c_rows) };
+        // SAFETY: every listed row lies in its slice.
+        unsafe { sgemm(isa, m, n, k, am, bm, out, false, true) };
+        for i in 0..m {
+            let r = c_rows[i] as usize;
+            assert_eq!(bits(&c[r..r + n]), bits(&want[i * n..(i + 1) * n]), "{isa:?} row {i}");
+        }
+        let written: std::collections::HashSet<usize> = c_rows.iter().map(|&r| r as usize / n).collect();
+        for row in (0..tall).filter(|r| !written.contains(r)) {
+            assert!(c[row * n..(row + 1) * n].iter().all(|x| x.is_nan()), "{isa:?}: row {row} written");
+        }
+    }
+}
+
+#[test]
+fn a_row_has_the_same_bits_alone_as_in_any_matrix() {
+    let (m, n, k) = (50, 70, 520);
+    let mut g = Gen(9);
+    let (a, b) = (g.fill(m * k), g.fill(k * n));
+    let mut whole = vec![0f32; m * n];
+    run(Isa::best(), m, n, k, &a, &b, &mut whole, false, true);
+    for i in [0, 13, 49] {
+        let mut row = vec![0f32; n];
+        run(Isa::best(), 1, n, k, &a[i * k..(i + 1) * k], &b, &mut row, false, false);
+        assert_eq!(bits(&row), bits(&whole[i * n..(i + 1) * n]), "row {i}");
+        // and a column alone
+        let col: Vec<f32> = (0..k).map(|p| b[p * n + 5]).collect();
+        let mut one = vec![0f32; 1];
+        run(Isa::best(), 1, 1, k, &a[i * k..(i + 1) * k], &col, &mut one, false, false);
+        assert_eq!(one[0].to_bits(), whole[i * n + 5].to_bits(), "row {i} column 5");
+    }
+}
+
+#[test]
+fn empty_extents_write_what_the_contract_says() {
+    for isa in isas() {
+        let mut c = vec![5f32; 6];
+        run(isa, 2, 3, 0, &[], &[], &mut c, true, true);
+        assert_eq!(c, vec![5.0; 6], "{isa:?}: k = 0 adding leaves C");
+        run(isa, 2, 3, 0, &[], &[], &mut c, false, true);
+        assert_eq!(bits(&c), vec![0; 6], "{isa:?}: k = 0 overwriting stores +0");
+        let mut none: Vec<f32> = Vec::new();
+        run(isa, 0, 3, 4, &[], &[0.0; 12], &mut none, false, true);
+        run(isa, 2, 0, 4, &[0.0; 8], &[], &mut none, false, true);
+    }
+}
