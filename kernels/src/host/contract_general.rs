@@ -382,6 +382,7 @@ unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
                     at(q).write(T::from_value(value_at(id, ib.at(id, p))));
                 }
             }
+            None if numel == 0 => {}
             None => {
                 std::slice::from_raw_parts_mut(at(0), numel).par_chunks_mut(1 << 16).for_each(|c| c.fill(T::default()))
             }
@@ -421,7 +422,8 @@ unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
                     ax.batch_b.iter().chain(&[b_axis]).chain(&ax.con_b).chain(&rest).copied().collect();
                 let lhs = view_of::<T>(a, scale(0), &perm_a, [nb, m, k], &mut keep);
                 let rhs = view_of::<T>(b, scale(1), &perm_b, [nb * g, k, n], &mut keep);
-                // one pair of buffers for every group: fresh pages cost more than the copies
+                // (other than f32) one pair of buffers for every group: fresh pages cost more than
+                // the copies
                 let (mut ta, mut to): (Vec<T>, Vec<T>) = (Vec::new(), Vec::new());
                 for bb in 0..nb {
                     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); g];

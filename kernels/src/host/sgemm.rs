@@ -159,8 +159,9 @@ impl Aligned {
 /// `parallel`.
 ///
 /// # Safety
-/// `a`, `b` address live `f32`s over their extents; `c` addresses `m` rows of `n` writable `f32`s
-/// that nothing else reads or writes meanwhile, disjoint from `a`'s and `b`'s.
+/// `a`, `b` address live `f32`s over their extents; `c` addresses `m` rows of `n` writable `f32`s,
+/// no two rows sharing an element, that nothing else reads or writes meanwhile, disjoint from
+/// `a`'s and `b`'s; the CPU runs `isa` ([`Isa::best`] or below).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Out, add: bool, parallel: bool) {
     if m == 0 || n == 0 {
@@ -178,7 +179,7 @@ pub(crate) unsafe fn sgemm(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Ma
     let (mr, nr) = isa.tile();
     let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
     let mut packed_b = Aligned::new(KC.min(k) * NC.min(n.div_ceil(nr) * nr));
-    let mut packed_a = Aligned::new(KC.min(k) * MCHUNK.min(m.div_ceil(mr) * mr));
+    let mut packed_a = Aligned::new(KC.min(k) * m.min(MCHUNK).div_ceil(mr) * mr);
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         let panels = nc.div_ceil(nr);
@@ -356,7 +357,7 @@ mod x86 {
             if add {
                 for &d in dst.iter().take(mv) {
                     _mm_prefetch::<_MM_HINT_T0>(d.cast());
-                    _mm_prefetch::<_MM_HINT_T0>(d.add(16).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(16).cast());
                 }
             }
             for p in 0..kc {
@@ -372,7 +373,8 @@ mod x86 {
             let lanes = if nv >= 32 { u32::MAX } else { (1u32 << nv) - 1 };
             let (m0, m1) = ((lanes & 0xffff) as __mmask16, (lanes >> 16) as __mmask16);
             for (r, s) in acc.iter().enumerate().take(mv) {
-                let (d0, d1) = (dst[r], dst[r].add(16));
+                // the second half's address may lie past the row's end, where its mask is empty
+                let (d0, d1) = (dst[r], dst[r].wrapping_add(16));
                 let (mut v0, mut v1) = (s[0], s[1]);
                 if add {
                     v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d0), v0);

@@ -205,3 +205,55 @@ fn empty_extents_write_what_the_contract_says() {
         run(isa, 2, 0, 4, &[0.0; 8], &[], &mut none, false, true);
     }
 }
+
+#[test]
+fn more_rows_than_a_chunk_and_columns_than_a_pack() {
+    // m past MCHUNK (4096, not a multiple of either tile height) and n past NC, k past KC
+    for &(m, n, k) in &[(4100, 3, 530), (2, 4100, 515)] {
+        let mut g = Gen(13);
+        let (a, b) = (g.fill(m * k), g.fill(k * n));
+        let c0 = g.fill(m * n);
+        let mut want = c0.clone();
+        documented(m, n, k, &a, &b, &mut want, true);
+        for isa in isas() {
+            let mut c = c0.clone();
+            run(isa, m, n, k, &a, &b, &mut c, true, true);
+            assert_eq!(bits(&c), bits(&want), "{isa:?} {m}x{n}x{k}");
+        }
+    }
+}
+
+#[test]
+fn flipped_and_transposed_operands_and_listed_rows_added_onto() {
+    // A read transposed and with its rows flipped (negative row stride, column stride m), B with
+    // its columns flipped (negative column stride), C's rows listed out of order and added onto.
+    let (m, n, k) = (14, 35, 600);
+    let mut g = Gen(17);
+    let at = g.fill(k * m); // A transposed: element (i, p) at p·m + i
+    let b = g.fill(k * n);
+    let c0 = g.fill(m * n);
+    let a: Vec<f32> = (0..m).flat_map(|i| (0..k).map(move |p| (i, p))).map(|(i, p)| at[p * m + (m - 1 - i)]).collect();
+    let bf: Vec<f32> = (0..k).flat_map(|p| (0..n).map(move |j| (p, j))).map(|(p, j)| b[p * n + (n - 1 - j)]).collect();
+    let order: Vec<usize> = (0..m).map(|i| (i * 5) % m).collect();
+    let mut want = c0.clone();
+    let mut plain = vec![0f32; m * n];
+    for (i, &r) in order.iter().enumerate() {
+        plain[i * n..(i + 1) * n].copy_from_slice(&c0[r * n..(r + 1) * n]);
+    }
+    documented(m, n, k, &a, &bf, &mut plain, true);
+    for (i, &r) in order.iter().enumerate() {
+        want[r * n..(r + 1) * n].copy_from_slice(&plain[i * n..(i + 1) * n]);
+    }
+    let c_rows: Vec<isize> = order.iter().map(|&r| (r * n) as isize).collect();
+    for isa in isas() {
+        let mut c = c0.clone();
+        // SAFETY: every element addressed lies in its slice.
+        unsafe {
+            let am = Mat { base: at.as_ptr().add(m - 1), rows: Rows::Stride(-1), col: m as isize };
+            let bm = Mat { base: b.as_ptr().add(n - 1), rows: Rows::Stride(n as isize), col: -1 };
+            let out = Out { base: c.as_mut_ptr(), rows: Rows::At(&c_rows) };
+            sgemm(isa, m, n, k, am, bm, out, true, true);
+        }
+        assert_eq!(bits(&c), bits(&want), "{isa:?}");
+    }
+}
