@@ -727,6 +727,33 @@ fn general_contractions_halves_and_complex() {
             assert!((got - s).abs() <= bound, "{got} vs {s}");
         }
     }
+    // bf16 batched, its right operand without a (batch, contracting, free) view: packed first
+    let a4 =
+        Array::<bf16>::from_fn(DEV, &[2, 3, 4, 5], |i| bf16::from_f32(val(i[0] * 60 + i[1] * 20 + i[2] * 5 + i[3])))
+            .unwrap();
+    let b4 = Array::<bf16>::from_fn(DEV, &[5, 2, 4, 6], |i| {
+        bf16::from_f32(val(i[0] * 48 + i[1] * 24 + i[2] * 6 + i[3] + 7))
+    })
+    .unwrap();
+    let o4 = Array::<bf16>::zeros(DEV, &[2, 3, 6]).unwrap();
+    assert_eq!(host.contract(&spec, &o4, &a4, &b4, None), Answer::Done);
+    for z in 0..2 {
+        for i in 0..3 {
+            for j in 0..6 {
+                let (mut s, mut g) = (0.0f64, 0.0f64);
+                for p in 0..4 {
+                    for q in 0..5 {
+                        let x = a4.get(&[z, i, p, q]).unwrap().to_f64() * b4.get(&[q, z, p, j]).unwrap().to_f64();
+                        s += x;
+                        g += x.abs();
+                    }
+                }
+                let got = o4.get(&[z, i, j]).unwrap().to_f64();
+                let bound = gamma(21.0, 2f64.powi(-24)) * g + s.abs() * 2f64.powi(-8);
+                assert!((got - s).abs() <= bound, "batch {z} ({i}, {j}): {got} vs {s}");
+            }
+        }
+    }
     // complex
     use num_complex::Complex64 as Z;
     let ac = Array::<Z>::from_fn(DEV, &[2, 3], |i| Z::new(i[0] as f64, i[1] as f64 - 1.0)).unwrap();

@@ -335,9 +335,17 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let mb = Array::<f32>::from_fn_on(&rig, &[m, m], |i| ((i[0] * 5 + i[1]) % 13) as f32 * 0.1 - 0.6)?;
     let mc = Array::<f32>::zeros_on(&rig, &[m, m])?;
     let flops = 2.0 * (m as f64).powi(3);
-    // Rounds of numpy then nx back to back: the machine's speed drifts over seconds, so the ratio
-    // is the median of each round's, as for the maps and sums.
+    let ha =
+        Array::<half::bf16>::from_fn_on(&rig, &[m, m], |i| half::bf16::from_f32(((i[0] + i[1]) % 11) as f32 * 0.1))?;
+    let hb =
+        Array::<half::bf16>::from_fn_on(&rig, &[m, m], |i| half::bf16::from_f32(((i[0] * 3 + i[1]) % 7) as f32 * 0.1))?;
+    let hc = Array::<half::bf16>::zeros_on(&rig, &[m, m])?;
+    // Rounds of numpy, nx f32, torch (f32 and bf16), nx bf16, back to back: the machine's speed
+    // drifts over seconds, so each ratio is the median of each round's, as for the maps and sums.
     let (mut ours, mut peer, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ours_b, mut torch_f, mut torch_b, mut vs_f, mut vs_b) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut torch_note = String::new();
     for round in 0..MATMUL_ROUNDS {
         let p = match numpy_gflops(a, mr) {
             Ok((g, info)) => {
@@ -362,32 +370,54 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
             peer.push(p);
             ratios.push(g / p);
         }
+        let tp = if a.torch == "none" {
+            Err("skipped (--torch none)".to_string())
+        } else {
+            python_peer(&a.torch, "benches/torch_matmul.py", &[m.to_string(), mr.to_string()])
+        };
+        let t = time(mr, || {
+            assert_eq!(host.contract(&Contraction::matmul(0), &hc, &ha, &hb, None), nx::kernels::Answer::Done)
+        });
+        let gb = flops / t / 1e9;
+        ours_b.push(gb);
+        match tp {
+            Ok(v) => {
+                let (f, b) = (v["f32"].as_f64().unwrap_or(f64::NAN), v["bf16"].as_f64().unwrap_or(f64::NAN));
+                if round == 0 {
+                    torch_note = format!("torch {} on {} threads (matmuls)", v["torch"], v["threads"]);
+                }
+                torch_f.push(f);
+                torch_b.push(b);
+                vs_f.push(g / f);
+                vs_b.push(gb / b);
+            }
+            Err(e) if round == 0 => torch_note = format!("torch matmul peer: {e}"),
+            Err(_) => {}
+        }
     }
+    notes.push(torch_note);
     let peer_g = (!peer.is_empty()).then(|| median(peer));
-    let g = median(ours);
+    let some = |v: Vec<f64>| (!v.is_empty()).then(|| median(v));
     rows.push(Row {
         name: format!("matmul f32 {m}^3"),
-        value: g,
+        value: median(ours),
         unit: "GFLOP/s",
         limit: peer_g,
-        ratio: (!ratios.is_empty()).then(|| median(ratios)),
-        ..Default::default()
+        ratio: some(ratios),
+        peer: (!torch_f.is_empty()).then(|| "torch matmul f32".to_string()),
+        peer_value: some(torch_f),
+        peer_ratio: some(vs_f),
     });
-    let ha =
-        Array::<half::bf16>::from_fn_on(&rig, &[m, m], |i| half::bf16::from_f32(((i[0] + i[1]) % 11) as f32 * 0.1))?;
-    let hb =
-        Array::<half::bf16>::from_fn_on(&rig, &[m, m], |i| half::bf16::from_f32(((i[0] * 3 + i[1]) % 7) as f32 * 0.1))?;
-    let hc = Array::<half::bf16>::zeros_on(&rig, &[m, m])?;
-    let t =
-        time(mr, || assert_eq!(host.contract(&Contraction::matmul(0), &hc, &ha, &hb, None), nx::kernels::Answer::Done));
-    let gb = flops / t / 1e9;
+    let gb = median(ours_b);
     rows.push(Row {
         name: format!("matmul bf16 {m}^3 (f32 accumulate)"),
         value: gb,
         unit: "GFLOP/s",
         limit: peer_g,
         ratio: peer_g.map(|p| gb / p),
-        ..Default::default()
+        peer: (!torch_b.is_empty()).then(|| "torch matmul bf16".to_string()),
+        peer_value: some(torch_b),
+        peer_ratio: some(vs_b),
     });
 
     let (indexing, note) = crate::bench_index::rows(n, r, &a.torch)?;
@@ -429,7 +459,10 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     text.push_str("        beside each kernel run, each run after an untimed scrub of the caches;\n");
     text.push_str("        ratio = median over repeats of (kernel bytes/s) / (copy bytes/s)\n");
     text.push_str("        matmuls against numpy's f32 matmul measured in the same run: ratio = median over\n");
-    text.push_str("        rounds of numpy then nx back to back of (nx GFLOP/s) / (numpy GFLOP/s)\n");
+    text.push_str("        rounds of numpy then nx back to back of (nx GFLOP/s) / (numpy GFLOP/s); with --torch,\n");
+    text.push_str(
+        "        torch's f32 and bf16 matmuls as peers, each round's beside nx's, nx x = (nx GFLOP/s) / (torch's)\n",
+    );
     for note in notes {
         text.push_str(&format!("peer: {note}\n"));
     }

@@ -1,10 +1,12 @@
 //! The contraction kernel: operands permuted to (batch, free, contracting) views, a matrix
-//! product per batch: nx's own for `f32` (and the halves and fp8 it widens), `faer`'s for the rest.
+//! product per batch: nx's own for `f32` (and f16 and fp8, widened to it), its bf16 one for bf16
+//! (`vdpbf16ps` where the CPU has AVX-512 BF16), `faer`'s for the rest.
 
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
 use rayon::prelude::*;
 
+use super::bgemm::{bgemm, Bf16Isa};
 use super::eval::Ptr;
 use super::sgemm::{sgemm, Isa, Mat, Out, Rows};
 use super::through_door;
@@ -132,6 +134,30 @@ unsafe fn product_f32(d: &Dims, dst: Ptr, lhs: View, rhs: View, add: bool, threa
             Out { base: dst.0.wrapping_offset((bb * d.m * d.n) as isize * 4).cast(), rows: Rows::Stride(d.n as isize) };
         // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
         unsafe { sgemm(isa, d.m, d.n, d.k, a, b, c, add, parallel) }
+    };
+    if d.b >= threads {
+        (0..d.b).into_par_iter().for_each(|bb| one_batch(bb, false));
+    } else {
+        (0..d.b).for_each(|bb| one_batch(bb, true));
+    }
+}
+
+/// `dst[b] += lhs[b] · rhs[b]` for bf16 views into an f32 `dst`, by the bf16 product
+/// ([`super::bgemm`]), batches spread as [`product`] spreads them.
+///
+/// # Safety
+/// As [`product`], the views addressing bf16s and `dst` f32s.
+unsafe fn product_bf16(d: &Dims, dst: Ptr, lhs: View, rhs: View, threads: usize) {
+    let isa = Bf16Isa::best();
+    let one_batch = |bb: usize, parallel: bool| {
+        let (dst, lhs, rhs) = (dst, lhs, rhs);
+        let at = |v: View| v.base.0.wrapping_offset((v.offset + bb as isize * v.strides[0]) * 2).cast::<bf16>();
+        let a = Mat { base: at(lhs), rows: Rows::Stride(lhs.strides[1]), col: lhs.strides[2] };
+        let b = Mat { base: at(rhs), rows: Rows::Stride(rhs.strides[1]), col: rhs.strides[2] };
+        let c =
+            Out { base: dst.0.wrapping_offset((bb * d.m * d.n) as isize * 4).cast(), rows: Rows::Stride(d.n as isize) };
+        // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
+        unsafe { bgemm(isa, d.m, d.n, d.k, a, b, c, true, parallel) }
     };
     if d.b >= threads {
         (0..d.b).into_par_iter().for_each(|bb| one_batch(bb, false));
@@ -302,7 +328,29 @@ unsafe fn widened<H: Element>(
             Some(i) => pack::<H, f32>(i, &(0..i.layout().rank()).collect::<Vec<_>>(), up),
             None => vec![0.0; dims.b * dims.m * dims.n],
         };
-        if dims.m > 0 && dims.n > 0 && dims.b > 0 {
+        if dims.m > 0 && dims.n > 0 && dims.b > 0 && H::DTYPE == Dtype::BF16 {
+            // bf16 operands read where they lie (or packed as bf16), by the bf16 product
+            let mut keep: Vec<Vec<H>> = Vec::new();
+            let mut view = |o: &dyn Operand, perm: &[usize], shape: [usize; 3]| -> View {
+                match as_view(o.layout(), perm, shape) {
+                    Some((offset, strides)) => View { base: Ptr::of(o), offset, strides },
+                    None => {
+                        let packed = pack::<H, H>(o, perm, |x| x);
+                        let v = View {
+                            base: Ptr(packed.as_ptr() as *mut u8),
+                            offset: 0,
+                            strides: [(shape[1] * shape[2]) as isize, shape[2] as isize, 1],
+                        };
+                        keep.push(packed);
+                        v
+                    }
+                }
+            };
+            let lhs = view(a, perm_a, [dims.b, dims.m, dims.k]);
+            let rhs = view(b, perm_b, [dims.b, dims.k, dims.n]);
+            product_bf16(dims, Ptr(acc.as_mut_ptr().cast()), lhs, rhs, rayon::current_num_threads().max(1));
+            drop(keep);
+        } else if dims.m > 0 && dims.n > 0 && dims.b > 0 {
             let la = pack::<H, f32>(a, perm_a, up);
             let lb = pack::<H, f32>(b, perm_b, up);
             let lhs = View {

@@ -104,22 +104,35 @@
 //!   matrix (or the triangle a routine uses) into a column-major `faer::Mat` through its layout
 //!   in tiles and write the results out. Several matrices run one per task on one thread; a
 //!   single Cholesky or solve runs on the pool's threads (faer splits those by output blocks:
-//!   the same bits on any thread count), a single QR, SVD or eigendecomposition on one thread
-//!   (faer's split of those changes the bits: tested with 1, 2 and 8 threads). Singular values
+//!   the same bits on any thread count), a single QR, SVD or eigendecomposition with faer's
+//!   work split into a fixed 8 tasks whatever the pool's threads (its bits follow the split, not
+//!   the threads: the same bits alone or in a batch, on 1, 2 or 3 threads). Singular values
 //!   descend, eigenvalues ascend; the factors' signs are those faer's reflections and rotations
 //!   leave. `eig` reduces to Hessenberg then Schur form (faer's `evd_real`/`evd_cplx`): the
 //!   values in the order of the Schur form's diagonal, a real matrix's conjugate pair adjacent
 //!   (the one faer's real Schur block gives first, then its conjugate); each vector scaled to
 //!   unit 2-norm, its phase as faer leaves it.
 //! - **Contractions** permute each operand to (batch, free, contracting) as a view, or copy it
-//!   when no view exists, and call `faer`'s matrix product per batch: one batch on every thread of
-//!   the pool, many batches one thread each. faer blocks the contracting axis by cache sizes alone,
-//!   so the bits are independent of the thread count (tested with 1, 2 and 8 threads, past a
-//!   block of the contracting axis).
+//!   when no view exists, and run a matrix product per batch: one batch on every thread of the
+//!   pool, many batches one thread each. `f32` (and f16 and fp8, widened) runs nx's own product
+//!   (`sgemm`): the contracting axis in blocks of 512, each block's products fused-multiply-added
+//!   in index order into an accumulator from +0, the block's sum added to the output — an output's
+//!   bits depend on the contracting extent alone, the same on AVX-512, AVX2 and plain tiles, any
+//!   thread count, and for a row or column alone or in any matrix. bf16 operands into a bf16
+//!   destination run the bf16 kit (`bgemm`): the same blocks, each pair of contracting indices
+//!   added odd index first (`vdpbf16ps`'s order, which it runs where the CPU has AVX-512 BF16;
+//!   elsewhere the f32 tiles over operands widened as packed, in that order: the same bits, but
+//!   for subnormals, which the instruction flushes to zero, and NaN payloads). Other bf16
+//!   contractions (scaled, segmented, or into another dtype) widen into `f32` and run `sgemm` in
+//!   index order: their bits differ from the plain bf16 product's within the same bound. `f64` and complex run `faer`'s product, which blocks the
+//!   contracting axis by cache sizes alone, so its bits are independent of the thread count
+//!   (tested with 1, 2 and 8 threads, past a block of the contracting axis).
 //! - **General contractions** read an operand that is not the accumulator's dtype, or is scaled,
 //!   into the accumulator in its permuted C order (each element times its block's scale, one
-//!   rounding), else in place. `Rows` segments gather each group's rows into one block, multiply
-//!   it by the group's slice of `b` with the product above and write the rows back; `Contracting`
+//!   rounding), else in place. `Rows` segments of an `f32` accumulator hand each group's row
+//!   starts to `sgemm`, which reads and writes them in place; of other accumulators they gather
+//!   each group's rows into one block, multiply it by the group's slice of `b` with the product
+//!   above and write the rows back; `Contracting`
 //!   segments gather each group's contracting indices, in their order, from both operands. Integer
 //!   products (`int_product`) accumulate in `i32` (accumulators up to 32 bits) or `i64`, wrapping,
 //!   in tiles of 256 contracting indices by 512 columns per task of 32 rows, the loop compiled for
@@ -173,6 +186,7 @@
 mod assemble;
 mod attention;
 mod attention_rows;
+mod bgemm;
 mod contract;
 mod contract_general;
 pub(crate) mod eval;

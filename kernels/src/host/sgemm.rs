@@ -73,7 +73,7 @@ impl Isa {
     }
 
     /// The tile: (rows, columns).
-    fn tile(self) -> (usize, usize) {
+    pub(crate) fn tile(self) -> (usize, usize) {
         match self {
             Isa::Avx512 => (12, 32),
             Isa::Avx2 | Isa::Plain => (6, 16),
@@ -91,7 +91,7 @@ pub(crate) enum Rows<'a> {
 }
 
 impl Rows<'_> {
-    fn at(&self, i: usize) -> isize {
+    pub(crate) fn at(&self, i: usize) -> isize {
         match self {
             Rows::Stride(s) => i as isize * s,
             Rows::At(v) => v[i],
@@ -101,10 +101,21 @@ impl Rows<'_> {
 
 /// A matrix read by the product: element `(i, j)` at `base + rows.at(i) + j · col`.
 #[derive(Clone, Copy)]
-pub(crate) struct Mat<'a> {
-    pub(crate) base: *const f32,
+pub(crate) struct Mat<'a, T = f32> {
+    pub(crate) base: *const T,
     pub(crate) rows: Rows<'a>,
     pub(crate) col: isize,
+}
+
+impl<T: Copy> Mat<'_, T> {
+    /// Element `(i, j)`.
+    ///
+    /// # Safety
+    /// It is live.
+    pub(crate) unsafe fn get(&self, i: usize, j: usize) -> T {
+        // SAFETY: the caller's contract.
+        unsafe { *self.base.offset(self.rows.at(i) + j as isize * self.col) }
+    }
 }
 
 /// The destination: element `(i, j)` at `base + rows.at(i) + j`.
@@ -127,30 +138,101 @@ impl Out<'_> {
 
 // SAFETY: the matrices are only read by the tasks of one call, whose caller holds the memory for
 // its whole run.
-unsafe impl Send for Mat<'_> {}
+unsafe impl<T> Send for Mat<'_, T> {}
 // SAFETY: as above.
-unsafe impl Sync for Mat<'_> {}
+unsafe impl<T> Sync for Mat<'_, T> {}
 // SAFETY: the tasks of one call write the destination at disjoint elements; its caller holds the
 // memory for the whole run.
 unsafe impl Send for Out<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for Out<'_> {}
 
-/// A zeroed `f32` buffer whose first element lies on a 64-byte line.
-struct Aligned {
-    v: Vec<f32>,
+/// A zeroed buffer of 4-byte entries whose first lies on a 64-byte line.
+struct Aligned<P> {
+    v: Vec<P>,
     start: usize,
 }
 
-impl Aligned {
-    fn new(len: usize) -> Aligned {
-        let v = vec![0f32; len + 16];
+impl<P: Copy + Default> Aligned<P> {
+    fn new(len: usize) -> Aligned<P> {
+        let v = vec![P::default(); len + 16];
         let start = v.as_ptr().align_offset(64).min(16);
         Aligned { v, start }
     }
 
-    fn slice(&mut self, len: usize) -> &mut [f32] {
+    fn slice(&mut self, len: usize) -> &mut [P] {
         &mut self.v[self.start..self.start + len]
+    }
+}
+
+/// What the loop nest runs: how operands are packed into panels and the tile kernel over them.
+pub(crate) trait Kit: Sync {
+    /// A packed entry.
+    type P: Copy + Default + Send + Sync;
+    /// The tile: (rows, columns), at most 12 rows.
+    fn tile(&self) -> (usize, usize);
+    /// Packed entries along the contracting axis for `kc` of its indices.
+    fn depth(&self, kc: usize) -> usize {
+        kc
+    }
+    /// Packs rows `i0..i0 + mv`, contracting indices `p0..p0 + kc` of `A` into `panel` (`depth`
+    /// groups of the tile's rows, the rows past `mv` zero).
+    ///
+    /// # Safety
+    /// Those elements of `A` are live.
+    unsafe fn pack_a(&self, i0: usize, mv: usize, p0: usize, kc: usize, panel: &mut [Self::P]);
+    /// Packs contracting indices `p0..p0 + kc`, columns `j0..j0 + nv` of `B` into `panel`
+    /// (`depth` groups of the tile's columns, the columns past `nv` zero).
+    ///
+    /// # Safety
+    /// Those elements of `B` are live.
+    unsafe fn pack_b(&self, p0: usize, kc: usize, j0: usize, nv: usize, panel: &mut [Self::P]);
+    /// The tile of two panels of `depth` groups, added to (`add`) or stored into the first `mv`
+    /// rows' first `nv` columns at `dst`.
+    ///
+    /// # Safety
+    /// The panels hold `depth` groups; `dst[..mv]` point at `nv` writable elements each; the CPU
+    /// runs the kit's kernel.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        &self,
+        depth: usize,
+        a: &[Self::P],
+        b: &[Self::P],
+        dst: &[*mut f32; 12],
+        mv: usize,
+        nv: usize,
+        add: bool,
+    );
+}
+
+/// The `f32` kit: plain operands, `isa`'s tiles.
+struct F32<'a> {
+    isa: Isa,
+    a: Mat<'a>,
+    b: Mat<'a>,
+}
+
+impl Kit for F32<'_> {
+    type P = f32;
+
+    fn tile(&self) -> (usize, usize) {
+        self.isa.tile()
+    }
+
+    unsafe fn pack_a(&self, i0: usize, mv: usize, p0: usize, kc: usize, panel: &mut [f32]) {
+        // SAFETY: the caller's contract.
+        unsafe { pack_a(self.a, i0, mv, p0, kc, self.isa.tile().0, panel) }
+    }
+
+    unsafe fn pack_b(&self, p0: usize, kc: usize, j0: usize, nv: usize, panel: &mut [f32]) {
+        // SAFETY: the caller's contract.
+        unsafe { pack_b(self.b, p0, kc, j0, nv, self.isa.tile().1, panel) }
+    }
+
+    unsafe fn run(&self, depth: usize, a: &[f32], b: &[f32], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { tile(self.isa, depth, a, b, dst, mv, nv, add) }
     }
 }
 
@@ -164,6 +246,15 @@ impl Aligned {
 /// `a`'s and `b`'s; the CPU runs `isa` ([`Isa::best`] or below).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Out, add: bool, parallel: bool) {
+    // SAFETY: the caller's contract.
+    unsafe { drive(&F32 { isa, a, b }, m, n, k, c, add, parallel) }
+}
+
+/// `C (+)= A · B` as [`sgemm`] says, with `kit`'s packing and tiles.
+///
+/// # Safety
+/// As [`sgemm`], for the kit's operands and kernel.
+pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out, add: bool, parallel: bool) {
     if m == 0 || n == 0 {
         return;
     }
@@ -176,41 +267,43 @@ pub(crate) unsafe fn sgemm(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Ma
         }
         return;
     }
-    let (mr, nr) = isa.tile();
+    let (mr, nr) = kit.tile();
     let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
-    let mut packed_b = Aligned::new(KC.min(k) * NC.min(n.div_ceil(nr) * nr));
-    let mut packed_a = Aligned::new(KC.min(k) * m.min(MCHUNK).div_ceil(mr) * mr);
+    let deep = kit.depth(KC.min(k));
+    let mut packed_b = Aligned::<K::P>::new(deep * NC.min(n.div_ceil(nr) * nr));
+    let mut packed_a = Aligned::<K::P>::new(deep * m.min(MCHUNK).div_ceil(mr) * mr);
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         let panels = nc.div_ceil(nr);
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
-            let bp = packed_b.slice(kc * panels * nr);
-            let pack = |(q, panel): (usize, &mut [f32])| {
+            let deep = kit.depth(kc);
+            let bp = packed_b.slice(deep * panels * nr);
+            let pack = |(q, panel): (usize, &mut [K::P])| {
                 // SAFETY: the caller's contract: rows pc.., columns jc + q·nr.. of b.
-                unsafe { pack_b(b, pc, kc, jc + q * nr, nr.min(nc - q * nr), nr, panel) }
+                unsafe { kit.pack_b(pc, kc, jc + q * nr, nr.min(nc - q * nr), panel) }
             };
             if threads > 1 && panels > 1 {
-                bp.par_chunks_mut(kc * nr).enumerate().for_each(pack);
+                bp.par_chunks_mut(deep * nr).enumerate().for_each(pack);
             } else {
-                bp.chunks_mut(kc * nr).enumerate().for_each(pack);
+                bp.chunks_mut(deep * nr).enumerate().for_each(pack);
             }
-            let bp: &[f32] = bp;
+            let bp: &[K::P] = bp;
             let onto = add || pc > 0;
             for ic in (0..m).step_by(MCHUNK) {
                 let mm = MCHUNK.min(m - ic);
                 let row_panels = mm.div_ceil(mr);
-                let ap = packed_a.slice(row_panels * mr * kc);
-                let pack = |(q, panel): (usize, &mut [f32])| {
+                let ap = packed_a.slice(row_panels * mr * deep);
+                let pack = |(q, panel): (usize, &mut [K::P])| {
                     // SAFETY: the caller's contract: rows ic + q·mr.., columns pc.. of a.
-                    unsafe { pack_a(a, ic + q * mr, mr.min(mm - q * mr), pc, kc, mr, panel) }
+                    unsafe { kit.pack_a(ic + q * mr, mr.min(mm - q * mr), pc, kc, panel) }
                 };
                 if threads > 1 && row_panels > 1 {
-                    ap.par_chunks_mut(kc * mr).enumerate().for_each(pack);
+                    ap.par_chunks_mut(deep * mr).enumerate().for_each(pack);
                 } else {
-                    ap.chunks_mut(kc * mr).enumerate().for_each(pack);
+                    ap.chunks_mut(deep * mr).enumerate().for_each(pack);
                 }
-                let ap: &[f32] = ap;
+                let ap: &[K::P] = ap;
                 // tasks of up to MC_PANELS row panels, and where they are fewer than 8 a thread,
                 // of a share of the column panels
                 let blocks = row_panels.div_ceil(MC_PANELS);
@@ -223,18 +316,18 @@ pub(crate) unsafe fn sgemm(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Ma
                     let (p0, p1) = (sh * per_share, ((sh + 1) * per_share).min(panels));
                     for q in q0..q1 {
                         let (i, mv) = (ic + q * mr, mr.min(mm - q * mr));
-                        let apanel = &ap[q * kc * mr..(q + 1) * kc * mr];
+                        let apanel = &ap[q * deep * mr..(q + 1) * deep * mr];
                         for p in p0..p1 {
                             let (j, nv) = (jc + p * nr, nr.min(nc - p * nr));
-                            let bpanel = &bp[p * kc * nr..(p + 1) * kc * nr];
+                            let bpanel = &bp[p * deep * nr..(p + 1) * deep * nr];
                             let mut dst = [std::ptr::null_mut::<f32>(); 12];
                             for (r, d) in dst.iter_mut().enumerate().take(mv) {
                                 // SAFETY: the caller's contract: row i + r, column j lie in c.
                                 *d = unsafe { c.at(i + r, j) };
                             }
-                            // SAFETY: panels of kc·mr and kc·nr; dst's first mv rows hold nv
+                            // SAFETY: panels of deep·mr and deep·nr; dst's first mv rows hold nv
                             // elements.
-                            unsafe { tile(isa, kc, apanel, bpanel, &dst, mv, nv, onto) };
+                            unsafe { kit.run(deep, apanel, bpanel, &dst, mv, nv, onto) };
                         }
                     }
                 };
@@ -296,7 +389,16 @@ unsafe fn pack_a(a: Mat, i0: usize, mv: usize, p0: usize, kc: usize, mr: usize, 
 /// `a` holds `kc · mr`, `b` `kc · nr` elements of `isa`'s tile; `dst[..mv]` point at `nv` writable
 /// elements each.
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile(isa: Isa, kc: usize, a: &[f32], b: &[f32], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
+pub(crate) unsafe fn tile(
+    isa: Isa,
+    kc: usize,
+    a: &[f32],
+    b: &[f32],
+    dst: &[*mut f32; 12],
+    mv: usize,
+    nv: usize,
+    add: bool,
+) {
     debug_assert!(a.len() >= kc * isa.tile().0 && b.len() >= kc * isa.tile().1);
     // SAFETY: the caller's contract; each kernel runs only where `Isa::best` found its features.
     unsafe {

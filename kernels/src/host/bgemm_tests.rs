@@ -1,0 +1,170 @@
+//! Tests of the bf16 product: against naive f64 loops, its stated association bit for bit on
+//! every kit the CPU runs, edges that are not multiples of the tiles.
+
+use half::bf16;
+
+use super::*;
+use crate::host::sgemm::{Rows, KC};
+
+/// Normal bf16 values of magnitude 2^-8..2^8 of either sign, some zeros.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> bf16 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        if self.0.is_multiple_of(53) {
+            return bf16::from_bits(((self.0 >> 9) as u16 & 1) << 15);
+        }
+        let sign = ((self.0 >> 20) as u16 & 1) << 15;
+        let exp = 119 + (self.0 >> 24) as u16 % 17;
+        bf16::from_bits(sign | exp << 7 | (self.0 >> 40) as u16 & 0x7f)
+    }
+
+    fn fill(&mut self, n: usize) -> Vec<bf16> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+/// The documented association, written out with plain f32 products (exact here) and sums.
+fn documented(m: usize, n: usize, k: usize, a: &[bf16], b: &[bf16], c: &mut [f32], add: bool) {
+    let (a, b): (Vec<f32>, Vec<f32>) = (a.iter().map(|x| x.to_f32()).collect(), b.iter().map(|x| x.to_f32()).collect());
+    for i in 0..m {
+        for j in 0..n {
+            let mut out = if add { c[i * n + j] } else { 0.0 };
+            for (blk, p0) in (0..k).step_by(KC).enumerate() {
+                let end = (p0 + KC).min(k);
+                let mut s = 0f32;
+                for e in (p0..end).step_by(2) {
+                    if e + 1 < end {
+                        s += a[i * k + e + 1] * b[(e + 1) * n + j];
+                    }
+                    s += a[i * k + e] * b[e * n + j];
+                }
+                out = if blk == 0 && !add { s } else { out + s };
+            }
+            c[i * n + j] = out;
+        }
+    }
+}
+
+fn kits() -> Vec<Bf16Isa> {
+    [Bf16Isa::Dot, Bf16Isa::Wide(Isa::Avx512), Bf16Isa::Wide(Isa::Avx2), Bf16Isa::Wide(Isa::Plain)]
+        .into_iter()
+        .filter(|k| k.available())
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(isa: Bf16Isa, m: usize, n: usize, k: usize, a: &[bf16], b: &[bf16], c: &mut [f32], add: bool) {
+    let am = Mat { base: a.as_ptr(), rows: Rows::Stride(k as isize), col: 1 };
+    let bm = Mat { base: b.as_ptr(), rows: Rows::Stride(n as isize), col: 1 };
+    let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
+    // SAFETY: the slices hold the extents.
+    unsafe { bgemm(isa, m, n, k, am, bm, out, add, true) };
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+const EDGES: [usize; 6] = [1, 15, 16, 17, 31, 33];
+
+#[test]
+fn every_kit_gives_the_documented_association_on_edges_of_the_tiles() {
+    let mut g = Gen(21);
+    let mut shapes: Vec<(usize, usize, usize)> = Vec::new();
+    for &m in &EDGES {
+        for &n in &EDGES {
+            shapes.push((m, n, EDGES[(m + n) % 6]));
+        }
+    }
+    shapes.extend([(13, 40, 1025), (4100, 3, 7), (5, 4100, 515), (2, 3, 0)]);
+    for (m, n, k) in shapes {
+        let (a, b) = (g.fill(m * k), g.fill(k * n));
+        let c0: Vec<f32> = g.fill(m * n).iter().map(|x| x.to_f32()).collect();
+        for add in [false, true] {
+            let mut want = c0.clone();
+            documented(m, n, k, &a, &b, &mut want, add);
+            for kit in kits() {
+                let mut c = c0.clone();
+                run(kit, m, n, k, &a, &b, &mut c, add);
+                assert_eq!(bits(&c), bits(&want), "{kit:?} {m}x{n}x{k} add {add}");
+            }
+        }
+    }
+}
+
+#[test]
+fn products_are_within_f32_accumulations_bound_of_naive_f64_loops() {
+    let mut g = Gen(5);
+    for &(m, n, k) in &[(17, 33, 31), (31, 15, 1100), (16, 16, 16)] {
+        let (a, b) = (g.fill(m * k), g.fill(k * n));
+        for kit in kits() {
+            let mut c = vec![f32::NAN; m * n];
+            run(kit, m, n, k, &a, &b, &mut c, false);
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut exact, mut mag) = (0f64, 0f64);
+                    for p in 0..k {
+                        let t = a[i * k + p].to_f64() * b[p * n + j].to_f64();
+                        exact += t;
+                        mag += t.abs();
+                    }
+                    let bound = (k + 1) as f64 * f32::EPSILON as f64 / 2.0 * mag * 1.01;
+                    let got = c[i * n + j] as f64;
+                    assert!((got - exact).abs() <= bound, "{kit:?} {m}x{n}x{k} ({i}, {j}): {got} against {exact}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn transposed_operands_and_listed_rows() {
+    let (m, n, k, tall) = (15, 33, 531, 40);
+    let mut g = Gen(8);
+    let big = g.fill(tall * k);
+    let bt = g.fill(n * k); // B transposed
+    let picks: Vec<usize> = (0..m).map(|i| (i * 7 + 2) % tall).collect();
+    let a: Vec<bf16> = picks.iter().flat_map(|&r| big[r * k..(r + 1) * k].to_vec()).collect();
+    let b: Vec<bf16> = (0..k).flat_map(|p| (0..n).map(move |j| (p, j))).map(|(p, j)| bt[j * k + p]).collect();
+    let mut want = vec![0f32; m * n];
+    documented(m, n, k, &a, &b, &mut want, false);
+    let rows: Vec<isize> = picks.iter().map(|&r| (r * k) as isize).collect();
+    for kit in kits() {
+        let mut c = vec![f32::NAN; m * n];
+        let am = Mat { base: big.as_ptr(), rows: Rows::At(&rows), col: 1 };
+        let bm = Mat { base: bt.as_ptr(), rows: Rows::Stride(1), col: k as isize };
+        let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
+        // SAFETY: every listed row lies in its slice.
+        unsafe { bgemm(kit, m, n, k, am, bm, out, false, true) };
+        assert_eq!(bits(&c), bits(&want), "{kit:?}");
+    }
+}
+
+#[test]
+fn strided_operands_through_the_general_packers() {
+    // A transposed (column stride m) and B's columns flipped (column stride -1): neither packer's
+    // contiguous path
+    let (m, n, k) = (13, 35, 517);
+    let mut g = Gen(31);
+    let at = g.fill(k * m);
+    let b = g.fill(k * n);
+    let a: Vec<bf16> = (0..m).flat_map(|i| (0..k).map(move |p| (i, p))).map(|(i, p)| at[p * m + i]).collect();
+    let bf: Vec<bf16> = (0..k).flat_map(|p| (0..n).map(move |j| (p, j))).map(|(p, j)| b[p * n + (n - 1 - j)]).collect();
+    let mut want = vec![0f32; m * n];
+    documented(m, n, k, &a, &bf, &mut want, false);
+    for kit in kits() {
+        let mut c = vec![f32::NAN; m * n];
+        // SAFETY: every element addressed lies in its slice.
+        unsafe {
+            let am = Mat { base: at.as_ptr(), rows: Rows::Stride(1), col: m as isize };
+            let bm = Mat { base: b.as_ptr().add(n - 1), rows: Rows::Stride(n as isize), col: -1 };
+            let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
+            bgemm(kit, m, n, k, am, bm, out, false, true);
+        }
+        assert_eq!(bits(&c), bits(&want), "{kit:?}");
+    }
+}
