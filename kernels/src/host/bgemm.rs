@@ -243,6 +243,8 @@ impl Kit for Dot<'_> {
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::host::sgemm::x86::{prefetch, store};
+
     /// The `vdpbf16ps` tile: 12 rows × 32 columns in 24 registers, a pair of contracting indices
     /// an instruction.
     ///
@@ -263,10 +265,7 @@ mod x86 {
         // SAFETY: the caller's contract.
         unsafe {
             if add {
-                for &d in dst.iter().take(mv) {
-                    _mm_prefetch::<_MM_HINT_T0>(d.cast());
-                    _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(16).cast());
-                }
+                prefetch(dst, mv);
             }
             for q in 0..depth {
                 let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(q * 32).cast()));
@@ -278,19 +277,7 @@ mod x86 {
                     s[1] = _mm512_dpbf16_ps(s[1], x, b1);
                 }
             }
-            let lanes = if nv >= 32 { u32::MAX } else { (1u32 << nv) - 1 };
-            let (m0, m1) = ((lanes & 0xffff) as __mmask16, (lanes >> 16) as __mmask16);
-            for (r, s) in acc.iter().enumerate().take(mv) {
-                // the second half's address may lie past the row's end, where its mask is empty
-                let (d0, d1) = (dst[r], dst[r].wrapping_add(16));
-                let (mut v0, mut v1) = (s[0], s[1]);
-                if add {
-                    v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d0), v0);
-                    v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, d1), v1);
-                }
-                _mm512_mask_storeu_ps(d0, m0, v0);
-                _mm512_mask_storeu_ps(d1, m1, v1);
-            }
+            store(&acc, dst, mv, nv, add);
         }
     }
 }

@@ -119,27 +119,38 @@ pub(crate) unsafe fn product<T: faer::traits::ComplexField + Copy + Send + Sync 
     }
 }
 
+/// Runs `one(b, parallel)` for every batch `b`: one batch on every thread of the pool (`parallel`),
+/// many batches spread over the pool, one thread each.
+fn spread(d: &Dims, threads: usize, one: impl Fn(usize, bool) + Sync) {
+    if d.b >= threads {
+        (0..d.b).into_par_iter().for_each(|bb| one(bb, false));
+    } else {
+        (0..d.b).for_each(|bb| one(bb, true));
+    }
+}
+
+/// Batch `bb` of a view of `T`s as a matrix.
+fn batch<'a, T>(v: View, bb: usize) -> Mat<'a, T> {
+    let base = v.base.0.wrapping_offset((v.offset + bb as isize * v.strides[0]) * size_of::<T>() as isize).cast();
+    Mat { base, rows: Rows::Stride(v.strides[1]), col: v.strides[2] }
+}
+
+/// Batch `bb` of the C-contiguous f32 destination.
+fn batch_out<'a>(d: &Dims, dst: Ptr, bb: usize) -> Out<'a> {
+    Out { base: dst.0.wrapping_offset((bb * d.m * d.n) as isize * 4).cast(), rows: Rows::Stride(d.n as isize) }
+}
+
 /// [`product`] for `f32`, by nx's own kernel ([`super::sgemm`]): its bits depend on `k` alone.
 ///
 /// # Safety
 /// As [`product`].
 unsafe fn product_f32(d: &Dims, dst: Ptr, lhs: View, rhs: View, add: bool, threads: usize) {
     let isa = Isa::best();
-    let one_batch = |bb: usize, parallel: bool| {
+    spread(d, threads, |bb, parallel| {
         let (dst, lhs, rhs) = (dst, lhs, rhs);
-        let at = |v: View| v.base.0.wrapping_offset((v.offset + bb as isize * v.strides[0]) * 4).cast::<f32>();
-        let a = Mat { base: at(lhs), rows: Rows::Stride(lhs.strides[1]), col: lhs.strides[2] };
-        let b = Mat { base: at(rhs), rows: Rows::Stride(rhs.strides[1]), col: rhs.strides[2] };
-        let c =
-            Out { base: dst.0.wrapping_offset((bb * d.m * d.n) as isize * 4).cast(), rows: Rows::Stride(d.n as isize) };
         // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
-        unsafe { sgemm(isa, d.m, d.n, d.k, a, b, c, add, parallel) }
-    };
-    if d.b >= threads {
-        (0..d.b).into_par_iter().for_each(|bb| one_batch(bb, false));
-    } else {
-        (0..d.b).for_each(|bb| one_batch(bb, true));
-    }
+        unsafe { sgemm(isa, d.m, d.n, d.k, batch(lhs, bb), batch(rhs, bb), batch_out(d, dst, bb), add, parallel) }
+    });
 }
 
 /// `dst[b] += lhs[b] · rhs[b]` for bf16 views into an f32 `dst`, by the bf16 product
@@ -149,20 +160,37 @@ unsafe fn product_f32(d: &Dims, dst: Ptr, lhs: View, rhs: View, add: bool, threa
 /// As [`product`], the views addressing bf16s and `dst` f32s.
 unsafe fn product_bf16(d: &Dims, dst: Ptr, lhs: View, rhs: View, threads: usize) {
     let isa = Bf16Isa::best();
-    let one_batch = |bb: usize, parallel: bool| {
+    spread(d, threads, |bb, parallel| {
         let (dst, lhs, rhs) = (dst, lhs, rhs);
-        let at = |v: View| v.base.0.wrapping_offset((v.offset + bb as isize * v.strides[0]) * 2).cast::<bf16>();
-        let a = Mat { base: at(lhs), rows: Rows::Stride(lhs.strides[1]), col: lhs.strides[2] };
-        let b = Mat { base: at(rhs), rows: Rows::Stride(rhs.strides[1]), col: rhs.strides[2] };
-        let c =
-            Out { base: dst.0.wrapping_offset((bb * d.m * d.n) as isize * 4).cast(), rows: Rows::Stride(d.n as isize) };
         // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
-        unsafe { bgemm(isa, d.m, d.n, d.k, a, b, c, true, parallel) }
-    };
-    if d.b >= threads {
-        (0..d.b).into_par_iter().for_each(|bb| one_batch(bb, false));
-    } else {
-        (0..d.b).for_each(|bb| one_batch(bb, true));
+        unsafe { bgemm(isa, d.m, d.n, d.k, batch(lhs, bb), batch(rhs, bb), batch_out(d, dst, bb), true, parallel) }
+    });
+}
+
+/// Operand `o` permuted by `perm` as a `[b, rows, cols]` view of its own memory, or, where no
+/// view exists, of a C-order copy kept in `keep`.
+///
+/// # Safety
+/// A claim on `o`'s buffer is held and `T` is its element type.
+unsafe fn view_or_copy<T: Element + Send>(
+    o: &dyn Operand,
+    perm: &[usize],
+    shape: [usize; 3],
+    keep: &mut Vec<Vec<T>>,
+) -> View {
+    match as_view(o.layout(), perm, shape) {
+        Some((offset, strides)) => View { base: Ptr::of(o), offset, strides },
+        None => {
+            // SAFETY: the caller's contract.
+            let packed = unsafe { pack::<T, T>(o, perm, |x| x) };
+            let v = View {
+                base: Ptr(packed.as_ptr() as *mut u8),
+                offset: 0,
+                strides: [(shape[1] * shape[2]) as isize, shape[2] as isize, 1],
+            };
+            keep.push(packed);
+            v
+        }
     }
 }
 
@@ -282,23 +310,8 @@ unsafe fn native<T: Element + faer::traits::ComplexField>(
             start::<T>(dst, init);
         }
         let mut keep: Vec<Vec<T>> = Vec::new();
-        let mut view = |o: &dyn Operand, perm: &[usize], shape: [usize; 3]| -> View {
-            match as_view(o.layout(), perm, shape) {
-                Some((offset, strides)) => View { base: Ptr::of(o), offset, strides },
-                None => {
-                    let packed = pack::<T, T>(o, perm, |x| x);
-                    let v = View {
-                        base: Ptr(packed.as_ptr() as *mut u8),
-                        offset: 0,
-                        strides: [(shape[1] * shape[2]) as isize, shape[2] as isize, 1],
-                    };
-                    keep.push(packed);
-                    v
-                }
-            }
-        };
-        let lhs = view(a, perm_a, [dims.b, dims.m, dims.k]);
-        let rhs = view(b, perm_b, [dims.b, dims.k, dims.n]);
+        let lhs = view_or_copy(a, perm_a, [dims.b, dims.m, dims.k], &mut keep);
+        let rhs = view_or_copy(b, perm_b, [dims.b, dims.k, dims.n], &mut keep);
         let out = Ptr(Ptr::of(dst).at(T::DTYPE, dst.layout().offset()));
         product::<T>(dims, out, lhs, rhs, init.is_some(), one);
         drop(keep);
@@ -331,23 +344,8 @@ unsafe fn widened<H: Element>(
         if dims.m > 0 && dims.n > 0 && dims.b > 0 && H::DTYPE == Dtype::BF16 {
             // bf16 operands read where they lie (or packed as bf16), by the bf16 product
             let mut keep: Vec<Vec<H>> = Vec::new();
-            let mut view = |o: &dyn Operand, perm: &[usize], shape: [usize; 3]| -> View {
-                match as_view(o.layout(), perm, shape) {
-                    Some((offset, strides)) => View { base: Ptr::of(o), offset, strides },
-                    None => {
-                        let packed = pack::<H, H>(o, perm, |x| x);
-                        let v = View {
-                            base: Ptr(packed.as_ptr() as *mut u8),
-                            offset: 0,
-                            strides: [(shape[1] * shape[2]) as isize, shape[2] as isize, 1],
-                        };
-                        keep.push(packed);
-                        v
-                    }
-                }
-            };
-            let lhs = view(a, perm_a, [dims.b, dims.m, dims.k]);
-            let rhs = view(b, perm_b, [dims.b, dims.k, dims.n]);
+            let lhs = view_or_copy(a, perm_a, [dims.b, dims.m, dims.k], &mut keep);
+            let rhs = view_or_copy(b, perm_b, [dims.b, dims.k, dims.n], &mut keep);
             product_bf16(dims, Ptr(acc.as_mut_ptr().cast()), lhs, rhs, rayon::current_num_threads().max(1));
             drop(keep);
         } else if dims.m > 0 && dims.n > 0 && dims.b > 0 {

@@ -436,8 +436,47 @@ unsafe fn tile_plain(kc: usize, a: &[f32], b: &[f32], dst: &[*mut f32; 12], mv: 
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
+
+    /// Asks for the first `mv` destination rows of a 12 × 32 tile in the first cache level.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F (prefetches touch no memory).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) unsafe fn prefetch(dst: &[*mut f32; 12], mv: usize) {
+        for &d in dst.iter().take(mv) {
+            _mm_prefetch::<_MM_HINT_T0>(d.cast());
+            _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(16).cast());
+        }
+    }
+
+    /// Adds (`add`) or stores a 12 × 32 tile's accumulators into the first `mv` rows' first `nv`
+    /// columns at `dst`, by masked loads and stores.
+    ///
+    /// # Safety
+    /// `dst[..mv]` point at `nv` writable elements each; the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) unsafe fn store(acc: &[[__m512; 2]; 12], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
+        let lanes = if nv >= 32 { u32::MAX } else { (1u32 << nv) - 1 };
+        let (m0, m1) = ((lanes & 0xffff) as __mmask16, (lanes >> 16) as __mmask16);
+        for (r, s) in acc.iter().enumerate().take(mv) {
+            // the second half's address may lie past the row's end, where its mask is empty
+            let (d0, d1) = (dst[r], dst[r].wrapping_add(16));
+            let (mut v0, mut v1) = (s[0], s[1]);
+            // SAFETY: the caller's contract: masked lanes lie in the row.
+            unsafe {
+                if add {
+                    v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d0), v0);
+                    v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, d1), v1);
+                }
+                _mm512_mask_storeu_ps(d0, m0, v0);
+                _mm512_mask_storeu_ps(d1, m1, v1);
+            }
+        }
+    }
 
     /// The AVX-512 tile: 12 rows × 32 columns in 24 registers.
     ///
@@ -457,10 +496,7 @@ mod x86 {
         // SAFETY: the caller's contract: kc·12 and kc·32 elements.
         unsafe {
             if add {
-                for &d in dst.iter().take(mv) {
-                    _mm_prefetch::<_MM_HINT_T0>(d.cast());
-                    _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(16).cast());
-                }
+                prefetch(dst, mv);
             }
             for p in 0..kc {
                 let b0 = _mm512_loadu_ps(b.add(p * 32));
@@ -472,19 +508,7 @@ mod x86 {
                     s[1] = _mm512_fmadd_ps(x, b1, s[1]);
                 }
             }
-            let lanes = if nv >= 32 { u32::MAX } else { (1u32 << nv) - 1 };
-            let (m0, m1) = ((lanes & 0xffff) as __mmask16, (lanes >> 16) as __mmask16);
-            for (r, s) in acc.iter().enumerate().take(mv) {
-                // the second half's address may lie past the row's end, where its mask is empty
-                let (d0, d1) = (dst[r], dst[r].wrapping_add(16));
-                let (mut v0, mut v1) = (s[0], s[1]);
-                if add {
-                    v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d0), v0);
-                    v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, d1), v1);
-                }
-                _mm512_mask_storeu_ps(d0, m0, v0);
-                _mm512_mask_storeu_ps(d1, m1, v1);
-            }
+            store(&acc, dst, mv, nv, add);
         }
     }
 
