@@ -424,7 +424,7 @@ where
     let n = sim_devices(opts)?;
     let queue = sim_queue(opts)?;
     let hosts = sim_hosts(opts, n)?;
-    let sopts = SimOptions { checked, timeout, faults: opts.faults.clone(), hosts };
+    let sopts = SimOptions { checked, timeout, faults: opts.faults.clone(), hosts, simd: None };
     // one library for every simulated rank: one pool of the machine's cores, not one per rank
     let host = Host::new();
     Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
@@ -458,7 +458,7 @@ where
 {
     use nx_collectives::mpi::{self, MpiComm, MpiOptions};
     let (auto_place, limit, observe) = (opts.auto_place, opts.memory_limit, opts.observe);
-    let r = mpi::run(MpiOptions { checked, timeout }, |comm: MpiComm| -> Result<R> {
+    let r = mpi::run(MpiOptions { checked, timeout, simd: None }, |comm: MpiComm| -> Result<R> {
         let (n, index) = (comm.size(), comm.rank());
         let list: Vec<Device> = (0..n).map(|r| Device::new(nx_mesh::DeviceKind::Cpu, r, r)).collect();
         let rig = Rig::new(list[index], RigOptions { queue: None, limit })?;

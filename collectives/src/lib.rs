@@ -128,12 +128,15 @@ pub struct Options {
     pub checked: bool,
     /// How long a collective waits for its peers before failing.
     pub timeout: Duration,
+    /// The highest SIMD level the reduction loops use (`None`: all the CPU has); every level
+    /// gives the same bits.
+    pub simd: Option<nx_kernels::Simd>,
 }
 
 impl Default for Options {
-    /// Checked in debug builds and tests, five minutes' timeout.
+    /// Checked in debug builds and tests, five minutes' timeout, every SIMD level the CPU has.
     fn default() -> Self {
-        Options { checked: cfg!(debug_assertions), timeout: Duration::from_secs(300) }
+        Options { checked: cfg!(debug_assertions), timeout: Duration::from_secs(300), simd: None }
     }
 }
 

@@ -75,6 +75,8 @@ mod imp {
     use std::rc::Rc;
     use std::time::Instant;
 
+    use nx_kernels::Simd;
+
     use mpi::datatype::{Partition, PartitionMut};
     use mpi::request::StaticScope;
     use mpi::topology::Communicator as _;
@@ -160,11 +162,11 @@ mod imp {
     /// The hierarchical path of `comm`, whose member of rank r is world rank r's of `hosts`
     /// (for the world; a split passes its members' hosts), unless `NX_MPI_HIER=0` (the same on
     /// every rank) or the layout is not regular ([`tiers::Tiers::new`]).
-    fn hierarchical(comm: &SimpleCommunicator, hosts: &[usize]) -> Option<Rc<tiers::Tiers>> {
+    fn hierarchical(comm: &SimpleCommunicator, hosts: &[usize], simd: Simd) -> Option<Rc<tiers::Tiers>> {
         if std::env::var("NX_MPI_HIER").is_ok_and(|v| v == "0") {
             return None;
         }
-        tiers::Tiers::new(comm, hosts).map(Rc::new)
+        tiers::Tiers::new(comm, hosts, simd).map(Rc::new)
     }
 
     /// The host of every rank of `world`, named by the lowest world rank on it (collective).
@@ -272,10 +274,12 @@ mod imp {
         // the same setting on every rank (mpirun passes the environment on), or MPI_Comm_split_type
         // below would wait for the ranks that skip it
         let node = if std::env::var("NX_MPI_SHM").is_ok_and(|v| v == "0") { None } else { make_node(&comm) };
-        let shm = node.as_ref().map(|n| Shm::new(n.clone(), (0..comm.size() as usize).collect(), opts.timeout));
+        let shm = node
+            .as_ref()
+            .map(|n| Shm::new(n.clone(), (0..comm.size() as usize).collect(), opts.timeout, Simd::capped(opts.simd)));
         let members: Rc<[usize]> = (0..comm.size() as usize).collect();
         let hosts = host_of_each(&comm);
-        let tiers = hierarchical(&comm, &hosts);
+        let tiers = hierarchical(&comm, &hosts, Simd::capped(opts.simd));
         let comm = MpiComm {
             comm,
             world_rank: rank,
@@ -597,7 +601,7 @@ mod imp {
                 let terms: Vec<&[T]> = (0..n)
                     .map(|q| if q == me { &send[lo..lo + mine] } else { &blocks[q * mine..(q + 1) * mine] })
                     .collect();
-                reduce_grouped(op, &terms, &by_host(self.hosts()), out);
+                reduce_grouped(Simd::capped(self.opts.simd), op, &terms, &by_host(self.hosts()), out);
             }
             Ok(())
         }
@@ -810,9 +814,11 @@ mod imp {
             let mut members = vec![0u64; comm.size() as usize];
             comm.all_gather_into(&(self.world_rank as u64), &mut members[..]);
             let members: Rc<[usize]> = members.into_iter().map(|m| m as usize).collect();
-            let shm = self.shm.as_ref().map(|parent| Shm::new(parent.node(), members.to_vec(), self.opts.timeout));
+            let shm = self.shm.as_ref().map(|parent| {
+                Shm::new(parent.node(), members.to_vec(), self.opts.timeout, Simd::capped(self.opts.simd))
+            });
             let of_members: Vec<usize> = members.iter().map(|&m| self.hosts[m]).collect();
-            let tiers = hierarchical(&comm, &of_members);
+            let tiers = hierarchical(&comm, &of_members, Simd::capped(self.opts.simd));
             Ok(Some(MpiComm {
                 comm,
                 world_rank: self.world_rank,

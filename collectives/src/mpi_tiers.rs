@@ -30,6 +30,7 @@ use crate::checks::offsets as displs;
 use crate::reduce::{by_host, reduce_into};
 use crate::{Error, ReduceOp, Reducible, Result};
 use mpi::Count;
+use nx_kernels::Simd;
 
 /// The two levels of a communicator laid out regularly over hosts.
 pub(crate) struct Tiers {
@@ -42,6 +43,8 @@ pub(crate) struct Tiers {
     /// This rank's host and local rank.
     h: usize,
     l: usize,
+    /// The SIMD level of the reduction loops.
+    simd: Simd,
 }
 
 impl std::fmt::Debug for Tiers {
@@ -54,7 +57,7 @@ impl Tiers {
     /// The levels of `comm`, whose member of rank r lies on host `hosts[r]` (the same list on
     /// every member); `None`, with no call made, unless there are at least two hosts of the same
     /// number (at least two) of members. Collective over `comm` otherwise.
-    pub(crate) fn new(comm: &SimpleCommunicator, hosts: &[usize]) -> Option<Tiers> {
+    pub(crate) fn new(comm: &SimpleCommunicator, hosts: &[usize], simd: Simd) -> Option<Tiers> {
         let at = by_host(hosts.iter().copied());
         let per = at[0].len();
         if at.len() < 2 || per < 2 || at.iter().any(|g| g.len() != per) {
@@ -68,7 +71,7 @@ impl Tiers {
             .expect("every member lies on a host");
         let local = comm.split_by_color_with_key(Color::with_value(h as i32), l as i32)?;
         let cross = comm.split_by_color_with_key(Color::with_value(l as i32), h as i32)?;
-        Some(Tiers { local, cross, at, h, l })
+        Some(Tiers { local, cross, at, h, l, simd })
     }
 
     /// `recv` = this rank's block (of `counts`, by communicator rank) of the reduction of every
@@ -194,7 +197,7 @@ impl Tiers {
             }
         }
         let mut part = vec![T::default(); local_counts[self.l]];
-        exchange_reduce(&self.local, &regrouped, &local_counts, &mut part, op)?;
+        exchange_reduce(self.simd, &self.local, &regrouped, &local_counts, &mut part, op)?;
         Ok(part)
     }
 
@@ -239,7 +242,7 @@ impl Tiers {
             .map(|h| if h == self.h { &part[at_host[h]..at_host[h] + mine] } else { &blocks[h * mine..(h + 1) * mine] })
             .collect();
         if mine > 0 {
-            reduce_into(op, &terms, out);
+            reduce_into(self.simd, op, &terms, out);
         }
     }
 
@@ -414,6 +417,7 @@ impl<T> Drop for Exchange<T> {
 /// Block r of every member's `send` (blocks of `counts`) reduced on member r in rank order into
 /// `out` (`counts[r]` elements).
 fn exchange_reduce<T: Reducible>(
+    simd: Simd,
     comm: &SimpleCommunicator,
     send: &[T],
     counts: &[usize],
@@ -437,7 +441,7 @@ fn exchange_reduce<T: Reducible>(
         let lo: usize = counts[..me].iter().sum();
         let terms: Vec<&[T]> =
             (0..n).map(|q| if q == me { &send[lo..lo + mine] } else { &blocks[q * mine..(q + 1) * mine] }).collect();
-        reduce_into(op, &terms, out);
+        reduce_into(simd, op, &terms, out);
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
 use nx_kernels::dtype::fp8::{F8E4M3, F8E5M2};
-use nx_kernels::Element;
+use nx_kernels::{Element, Simd};
 
 /// How a reduction combines terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,18 +178,12 @@ complex_reducible!(Complex32);
 complex_reducible!(Complex64);
 
 /// `out[i] = terms[0][i] op terms[1][i] op …`, in term order, rounded once.
-pub(crate) fn reduce_into<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut [T]) -> bool {
+pub(crate) fn reduce_into<T: Reducible>(simd: Simd, op: ReduceOp, terms: &[&[T]], out: &mut [T]) -> bool {
     let Some(first) = terms.first() else { return true };
     if T::combine(op, first.first().copied().unwrap_or_default().widen(), T::default().widen()).is_none() {
         return false;
     }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        unsafe { fold_op_avx2(op, terms, out) };
-        return true;
-    }
-    fold_op(op, terms, out);
+    fold_op(simd, op, terms, out);
     true
 }
 
@@ -212,42 +206,40 @@ pub(crate) fn by_host(hosts: impl IntoIterator<Item = usize>) -> Vec<Vec<usize>>
 /// the hierarchical path, which every path of every backend keeps so that results depend only
 /// on the layout of the members over hosts. One host, or one member a host, is [`reduce_into`]
 /// itself (the same bits).
-pub(crate) fn reduce_grouped<T: Reducible>(op: ReduceOp, terms: &[&[T]], groups: &[Vec<usize>], out: &mut [T]) -> bool {
+pub(crate) fn reduce_grouped<T: Reducible>(
+    simd: Simd,
+    op: ReduceOp,
+    terms: &[&[T]],
+    groups: &[Vec<usize>],
+    out: &mut [T],
+) -> bool {
     if groups.len() <= 1 || groups.iter().all(|g| g.len() == 1) {
-        return reduce_into(op, terms, out);
+        return reduce_into(simd, op, terms, out);
     }
     let mut partials: Vec<Vec<T>> = Vec::with_capacity(groups.len());
     for g in groups {
         let mine: Vec<&[T]> = g.iter().map(|&i| terms[i]).collect();
         let mut p = vec![T::default(); out.len()];
-        if !reduce_into(op, &mine, &mut p) {
+        if !reduce_into(simd, op, &mine, &mut p) {
             return false;
         }
         partials.push(p);
     }
     let parts: Vec<&[T]> = partials.iter().map(Vec::as_slice).collect();
-    reduce_into(op, &parts, out)
+    reduce_into(simd, op, &parts, out)
 }
 
-/// [`fold_op`] compiled for AVX2: the same operations in the same order (the same bits), with
-/// half the load instructions, which keeps twice the cache lines in flight.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn fold_op_avx2<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut [T]) {
-    fold_op(op, terms, out)
-}
-
-/// One loop per op, the op a constant in each, so that each vectorises.
-#[inline(always)]
-fn fold_op<T: Reducible>(op: ReduceOp, terms: &[&[T]], out: &mut [T]) {
-    match op {
-        ReduceOp::Sum => fold(terms, out, |a, b| T::combine(ReduceOp::Sum, a, b).unwrap_or(a)),
-        ReduceOp::Prod => fold(terms, out, |a, b| T::combine(ReduceOp::Prod, a, b).unwrap_or(a)),
-        ReduceOp::Max => fold(terms, out, |a, b| T::combine(ReduceOp::Max, a, b).unwrap_or(a)),
-        ReduceOp::Min => fold(terms, out, |a, b| T::combine(ReduceOp::Min, a, b).unwrap_or(a)),
+nx_kernels::simd_fn! {
+    /// One loop per op, the op a constant in each, so that each vectorises; built for the level
+    /// (the same operations in the same order, so the same bits, the wider builds with fewer load
+    /// instructions, which keeps more cache lines in flight).
+    fn fold_op<T: Reducible>(simd: Simd, op: ReduceOp, terms: &[&[T]], out: &mut [T]) {
+        match op {
+            ReduceOp::Sum => fold(terms, out, |a, b| T::combine(ReduceOp::Sum, a, b).unwrap_or(a)),
+            ReduceOp::Prod => fold(terms, out, |a, b| T::combine(ReduceOp::Prod, a, b).unwrap_or(a)),
+            ReduceOp::Max => fold(terms, out, |a, b| T::combine(ReduceOp::Max, a, b).unwrap_or(a)),
+            ReduceOp::Min => fold(terms, out, |a, b| T::combine(ReduceOp::Min, a, b).unwrap_or(a)),
+        }
     }
 }
 
@@ -379,39 +371,33 @@ mod tests {
         }
     }
 
-    /// Checks every op's loop on `terms`: the baseline against the naive reductions, and with
-    /// `avx2` (the CPU has it) the loop compiled for AVX2 bit for bit as the baseline.
-    fn check<T: Naive>(terms: &[Vec<T>], avx2: bool) {
+    /// Checks every op's loop on `terms` at level `simd`: against the naive reductions, and bit
+    /// for bit against the baseline build.
+    fn check<T: Naive>(terms: &[Vec<T>], simd: Simd) {
         let terms: Vec<&[T]> = terms.iter().map(|t| &t[..]).collect();
         let len = terms[0].len();
+        let bytes = |v: &[T]| {
+            // SAFETY: nx's dtypes are plain data without padding.
+            unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) }.to_vec()
+        };
         for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
             let mut a = vec![T::default(); len];
-            fold_op(op, &terms, &mut a);
+            fold_op(simd, op, &terms, &mut a);
             for (i, &got) in a.iter().enumerate() {
                 let column: Vec<T> = terms.iter().map(|t| t[i]).collect();
                 let want = T::naive(op, &column);
-                assert!(T::same(got, want), "{} {} at {i}: {got:?}, want {want:?}", T::DTYPE, op.name());
+                assert!(T::same(got, want), "{simd} {} {} at {i}: {got:?}, want {want:?}", T::DTYPE, op.name());
             }
-            if avx2 {
-                #[cfg(target_arch = "x86_64")]
-                {
-                    let mut b = vec![T::default(); len];
-                    // SAFETY: the caller checked that the CPU has AVX2.
-                    unsafe { fold_op_avx2(op, &terms, &mut b) };
-                    let bytes = |v: &[T]| {
-                        // SAFETY: nx's dtypes are plain data without padding.
-                        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) }.to_vec()
-                    };
-                    assert_eq!(bytes(&a), bytes(&b), "{} {}", T::DTYPE, op.name());
-                }
-            }
+            let mut b = vec![T::default(); len];
+            fold_op(Simd::Baseline, op, &terms, &mut b);
+            assert_eq!(bytes(&a), bytes(&b), "{simd} {} {}", T::DTYPE, op.name());
         }
     }
 
     /// [`check`] of three terms of every float dtype and of `i32`: past the loop's block of 512,
     /// specials at different elements in each term, ±0 in every term at every 31st element, and
     /// integers whose sums and products wrap.
-    fn check_all(avx2: bool) {
+    fn check_all(simd: Simd) {
         let specials = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0e-40, -3.5];
         let term = |k: usize| -> Vec<f32> {
             (0..1031)
@@ -427,32 +413,25 @@ mod tests {
                 .collect()
         };
         let f: Vec<Vec<f32>> = (0..3).map(term).collect();
-        check(&f, avx2);
-        check(&f.iter().map(|t| t.iter().map(|&x| f64::from(x) / 3.0).collect::<Vec<f64>>()).collect::<Vec<_>>(), avx2);
-        check(&f.iter().map(|t| t.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>(), avx2);
-        check(&f.iter().map(|t| t.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>(), avx2);
+        check(&f, simd);
+        check(&f.iter().map(|t| t.iter().map(|&x| f64::from(x) / 3.0).collect::<Vec<f64>>()).collect::<Vec<_>>(), simd);
+        check(&f.iter().map(|t| t.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>(), simd);
+        check(&f.iter().map(|t| t.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).collect::<Vec<_>>(), simd);
         let ints: Vec<Vec<i32>> =
             f.iter().map(|t| t.iter().map(|&x| (x as i32).wrapping_mul(40_009).wrapping_add(7)).collect()).collect();
         assert!(ints[0]
             .iter()
             .zip(&ints[1])
             .any(|(&a, &b)| i64::from(a) * i64::from(b) != i64::from(a.wrapping_mul(b))));
-        check(&ints, avx2);
+        check(&ints, simd);
     }
 
-    /// The baseline loops give the naive reductions' values, on any CPU.
+    /// Every level's loops (the baseline on every CPU, the others where the CPU has them) give
+    /// the naive reductions' values and the baseline build's bits, specials included.
     #[test]
-    fn the_loops_follow_the_naive_reductions() {
-        check_all(false);
-    }
-
-    /// Every op's loop compiled for AVX2 gives the baseline build's bits, specials included, and
-    /// so the naive reductions' values (on a CPU without AVX2 the test above checks the baseline).
-    #[test]
-    fn the_avx2_loops_give_the_baseline_bits() {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            check_all(true);
+    fn every_level_follows_the_naive_reductions_with_the_baseline_bits() {
+        for simd in Simd::available_levels() {
+            check_all(simd);
         }
     }
 
@@ -479,9 +458,9 @@ mod tests {
         for groups in &layouts {
             for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max] {
                 let mut got = vec![0f32; 700];
-                assert!(reduce_grouped(op, &terms, groups, &mut got));
+                assert!(reduce_grouped(Simd::detected(), op, &terms, groups, &mut got));
                 let mut flat = vec![0f32; 700];
-                assert!(reduce_into(op, &terms, &mut flat));
+                assert!(reduce_into(Simd::detected(), op, &terms, &mut flat));
                 for i in 0..700 {
                     let hosts: Vec<f32> = groups
                         .iter()
@@ -496,8 +475,8 @@ mod tests {
         assert!(differs, "the cases tell the two associations apart");
         for groups in [vec![vec![0, 1, 2, 3, 4]], vec![vec![0], vec![1], vec![2], vec![3], vec![4]]] {
             let (mut a, mut b) = (vec![0f32; 700], vec![0f32; 700]);
-            reduce_grouped(ReduceOp::Sum, &terms, &groups, &mut a);
-            reduce_into(ReduceOp::Sum, &terms, &mut b);
+            reduce_grouped(Simd::detected(), ReduceOp::Sum, &terms, &groups, &mut a);
+            reduce_into(Simd::detected(), ReduceOp::Sum, &terms, &mut b);
             assert_eq!(
                 a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()

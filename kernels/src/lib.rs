@@ -27,6 +27,7 @@ mod ndarray_conv;
 pub mod observe;
 pub mod prog;
 pub mod rig;
+pub mod simd;
 
 pub use array::{AnyArray, Array};
 pub use buffer::{Access, Buffer, Death, MemoryKind};
@@ -47,6 +48,7 @@ pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 pub use lease::Lease;
 pub use loads::{Pad, Windows};
 pub use prog::{map_refusal, reduce_refusal, Prog};
+pub use simd::Simd;
 
 /// The errors of local arrays and kernels. Each message names the function and the offending
 /// values.

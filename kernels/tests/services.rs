@@ -200,6 +200,7 @@ fn host(threads: usize, threshold: usize) -> Host {
         reduce: Some(threshold),
         convert: Some(threshold),
         store: Store::Memory,
+        simd: None,
     })
     .unwrap()
 }

@@ -5,10 +5,12 @@ use std::time::Instant;
 
 use nx::kernels::prog::Prog;
 use nx::kernels::rig::{QueueOptions, Rig, RigOptions};
-use nx::kernels::{Array, Contraction, Dtype, Host, Kernels, Reduction};
+use nx::kernels::{Array, Contraction, Dtype, Host, Kernels, Reduction, Simd};
 use nx::Device;
 use rayon::prelude::*;
 use serde::Serialize;
+
+use crate::bench_mem::{lanes8, read_limit};
 
 /// Arguments of `nx bench kernels`.
 #[derive(clap::Args, Debug)]
@@ -95,7 +97,33 @@ pub(crate) fn time(repeats: usize, mut f: impl FnMut()) -> f64 {
 type Error = Box<dyn std::error::Error>;
 
 /// A timed kernel: its name, the bytes it moves, and the run.
-type Case<'a> = (String, usize, Box<dyn FnMut() + 'a>);
+/// A timed map or sum: its name, the bytes it reads and writes, the run, whether its limit is
+/// the read limit (else the copy), and its figure's name in `benches/torch_elementwise.py`.
+struct Case<'a> {
+    name: String,
+    bytes: usize,
+    run: Box<dyn FnMut() + 'a>,
+    reads_only: bool,
+    torch: Option<&'static str>,
+}
+
+impl<'a> Case<'a> {
+    fn new(name: impl Into<String>, bytes: usize, run: impl FnMut() + 'a) -> Case<'a> {
+        Case { name: name.into(), bytes, run: Box::new(run), reads_only: false, torch: None }
+    }
+
+    /// Against the read limit.
+    fn reads(mut self) -> Case<'a> {
+        self.reads_only = true;
+        self
+    }
+
+    /// Beside torch's figure `key`.
+    fn torch(mut self, key: &'static str) -> Case<'a> {
+        self.torch = Some(key);
+        self
+    }
+}
 
 /// Work items a round of the submit measurement queues.
 const SUBMITS: usize = 20_000;
@@ -222,107 +250,125 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     // the medians of the values and of the per-repeat ratios are reported.
     let done = nx::kernels::Answer::Done;
     let mut cases: Vec<Case<'_>> = vec![
-        (
-            // a peer for the sums: what a plain parallel Rust loop reads per second here
-            "sum, plain Rust loop (peer)".into(),
-            n * 4,
-            Box::new(|| {
-                // over the kernel's own input, in place (memory placement moves bandwidth here)
-                let sum = x.with_slice(|v| v.par_chunks(1 << 16).map(plain_sum).sum::<f32>()).expect("contiguous");
-                std::hint::black_box(sum);
-            }),
-        ),
-        (
-            // the write-only counterpart: what streaming stores alone get per second here
-            "fill, streaming stores (write-only peer)".into(),
-            n * 4,
-            Box::new(|| {
-                out2.with_slice_mut(|d| {
-                    d.par_chunks_mut(1 << 16).for_each(|c| {
-                        stream_fill(c, 1.0);
-                        nx::kernels::host::store_fence();
-                    })
+        // a peer for the sums: a plain parallel Rust loop of the sums' 8 lanes, in place
+        Case::new("sum, plain 8-lane Rust loop (peer)", n * 4, || {
+            let simd = Simd::detected();
+            let sum =
+                x.with_slice(|v| v.par_chunks(1 << 16).map(|c| lanes8(simd, c)).sum::<f32>()).expect("contiguous");
+            std::hint::black_box(sum);
+        })
+        .reads(),
+        // the write-only counterpart: what streaming stores alone get per second here
+        Case::new("fill, streaming stores (write-only peer)", n * 4, || {
+            out2.with_slice_mut(|d| {
+                d.par_chunks_mut(1 << 16).for_each(|c| {
+                    stream_fill(c, 1.0);
+                    nx::kernels::host::store_fence();
                 })
-                .expect("contiguous")
-            }),
-        ),
-        (
-            "sum (all elements)".into(),
-            n * 4,
-            Box::new(|| assert_eq!(host.reduce(&ident, &[n], &[0], &[Reduction::Sum], &[&all], &[&x]), done)),
-        ),
-        (
-            format!("sum (last axis of {rows_n}x{cols})"),
-            n * 4,
-            Box::new(|| {
-                assert_eq!(host.reduce(&ident, &[rows_n, cols], &[1], &[Reduction::Sum], &[&per_row], &[&x2]), done)
-            }),
-        ),
-        ("add".into(), 3 * n * 4, Box::new(|| assert_eq!(host.map(&add, &[n], &[&out], &[&x, &y]), done))),
-        (
-            // halves: widened to f32, added, rounded back (the register evaluator)
-            "add bf16".into(),
-            3 * n * 2,
-            Box::new(|| assert_eq!(host.map(&hadd, &[n], &[&ho], &[&hx, &hy]), done)),
-        ),
-        (
-            "fused y=a*x+b, z=relu(y)".into(),
-            5 * n * 4,
-            Box::new(|| assert_eq!(host.map(&chain, &[n], &[&out, &out2], &[&x, &y, &b]), done)),
-        ),
-        (
-            // a new output each run, from the device's caching pool (the block of the last run's)
-            "add, output from the pool each run".into(),
-            3 * n * 4,
-            Box::new(|| {
-                let o = Array::<f32>::uninit_on(&rig, &[n]).expect("pool");
-                assert_eq!(host.map(&add, &[n], &[&o], &[&x, &y]), done);
-            }),
-        ),
-        (
-            // the peer without a pool: a new zeroed output from the system each run
-            "add, output from the system each run (peer)".into(),
-            3 * n * 4,
-            Box::new(|| {
-                let o = Array::<f32>::zeros(dev, &[n]).expect("memory");
-                assert_eq!(host.map(&add, &[n], &[&o], &[&x, &y]), done);
-            }),
-        ),
+            })
+            .expect("contiguous")
+        }),
+        Case::new("sum (all elements)", n * 4, || {
+            assert_eq!(host.reduce(&ident, &[n], &[0], &[Reduction::Sum], &[&all], &[&x]), done)
+        })
+        .reads()
+        .torch("sum"),
+        Case::new(format!("sum (last axis of {rows_n}x{cols})"), n * 4, || {
+            assert_eq!(host.reduce(&ident, &[rows_n, cols], &[1], &[Reduction::Sum], &[&per_row], &[&x2]), done)
+        })
+        .reads()
+        .torch("sum_rows"),
+        Case::new("add", 3 * n * 4, || assert_eq!(host.map(&add, &[n], &[&out], &[&x, &y]), done)).torch("add"),
+        // halves: widened to f32, added, rounded back
+        Case::new("add bf16", 3 * n * 2, || assert_eq!(host.map(&hadd, &[n], &[&ho], &[&hx, &hy]), done))
+            .torch("add_bf16"),
+        Case::new("fused y=a*x+b, z=relu(y)", 5 * n * 4, || {
+            assert_eq!(host.map(&chain, &[n], &[&out, &out2], &[&x, &y, &b]), done)
+        })
+        .torch("fused"),
+        // a new output each run, from the device's caching pool (the block of the last run's)
+        Case::new("add, output from the pool each run", 3 * n * 4, || {
+            let o = Array::<f32>::uninit_on(&rig, &[n]).expect("pool");
+            assert_eq!(host.map(&add, &[n], &[&o], &[&x, &y]), done);
+        }),
+        // the peer without a pool: a new zeroed output from the system each run
+        Case::new("add, output from the system each run (peer)", 3 * n * 4, || {
+            let o = Array::<f32>::zeros(dev, &[n]).expect("memory");
+            assert_eq!(host.map(&add, &[n], &[&o], &[&x, &y]), done);
+        }),
     ];
-    let mut copy_bw = Vec::new();
+    let (mut copy_bw, mut read_bw) = (Vec::new(), Vec::new());
     let mut values: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let (mut torch_values, mut torch_ratios): (Vec<Vec<f64>>, Vec<Vec<f64>>) =
+        (vec![Vec::new(); cases.len()], vec![Vec::new(); cases.len()]);
+    let mut torch_note = None;
     // Before each timed run, an untimed read of an unrelated buffer: whatever the previous run
     // left dirty in the caches is written back then, so each run starts from the same state.
     let scrub: Vec<f32> = vec![1.0; 1 << 24];
     let clean = || std::hint::black_box(scrub.par_chunks(1 << 16).map(|c| c.iter().sum::<f32>()).sum::<f32>());
     for rep in 0..=r {
+        // torch's round first (its own process), then the limits and nx's rows back to back
+        let peer = if rep > 0 && a.torch != "none" {
+            match crate::bench_mem::torch_round(&a.torch, n, cols, 3) {
+                Ok(v) => {
+                    torch_note.get_or_insert_with(|| {
+                        format!("torch {} on {} threads (maps and sums)", v["torch"], v["threads"])
+                    });
+                    Some(v)
+                }
+                Err(e) => {
+                    torch_note.get_or_insert_with(|| format!("torch maps and sums peer: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         clean();
         let bw = x.with_slice(|s| out.with_slice_mut(|d| copy_limit(s, d, &clean)))??;
-        for (i, (_, bytes, f)) in cases.iter_mut().enumerate() {
+        let rb = x.with_slice(|s| read_limit(s, &clean))?;
+        for (i, case) in cases.iter_mut().enumerate() {
             clean();
             let t = Instant::now();
-            f();
-            let v = *bytes as f64 / t.elapsed().as_secs_f64();
+            (case.run)();
+            let v = case.bytes as f64 / t.elapsed().as_secs_f64();
             if rep > 0 {
                 values[i].push(v / 1e9);
-                ratios[i].push(v / bw);
+                ratios[i].push(v / if case.reads_only { rb } else { bw });
+                if let Some(p) = case.torch.and_then(|k| peer.as_ref()?[k].as_f64()) {
+                    torch_values[i].push(p);
+                    torch_ratios[i].push(v / 1e9 / p);
+                }
             }
         }
         if rep > 0 {
             copy_bw.push(bw / 1e9);
+            read_bw.push(rb / 1e9);
         }
     }
-    let bw = median(copy_bw);
+    notes.extend(torch_note);
+    let (bw, rb) = (median(copy_bw), median(read_bw));
     rows.push(Row { name: "copy".into(), value: bw, unit: "GB/s", limit: None, ratio: None, ..Default::default() });
-    for (i, (name, _, _)) in cases.iter().enumerate() {
+    rows.push(Row {
+        name: "read limit (plain 8- or 64-lane loop, the faster)".into(),
+        value: rb,
+        unit: "GB/s",
+        limit: None,
+        ratio: None,
+        ..Default::default()
+    });
+    for (i, case) in cases.iter().enumerate() {
+        let some = |v: &Vec<f64>| (!v.is_empty()).then(|| median(v.clone()));
         rows.push(Row {
-            name: name.clone(),
+            name: case.name.clone(),
             value: median(values[i].clone()),
             unit: "GB/s",
-            limit: Some(bw),
+            limit: Some(if case.reads_only { rb } else { bw }),
             ratio: Some(median(ratios[i].clone())),
-            ..Default::default()
+            peer: case.torch.filter(|_| !torch_values[i].is_empty()).map(|k| format!("torch {k}")),
+            peer_value: some(&torch_values[i]),
+            peer_ratio: some(&torch_ratios[i]),
         });
     }
     drop(cases);
@@ -455,9 +501,14 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
             row.name, row.value, row.unit, lim, ratio
         ));
     }
-    text.push_str("limits: maps and sums against the copy bandwidth (bytes read + written per second), timed\n");
+    text.push_str(&format!("SIMD level dispatched to: {} (the highest this CPU has)\n", host.simd()));
+    text.push_str("limits: maps against the copy bandwidth (bytes read + written per second), sums against the\n");
+    text.push_str("        read limit (bytes read per second by the faster plain read loop), each timed\n");
     text.push_str("        beside each kernel run, each run after an untimed scrub of the caches;\n");
-    text.push_str("        ratio = median over repeats of (kernel bytes/s) / (copy bytes/s)\n");
+    text.push_str("        ratio = median over repeats of (kernel bytes/s) / (limit bytes/s); with --torch, torch's\n");
+    text.push_str(
+        "        maps and sums as peers, each repeat's run just before nx's, nx x = median of (nx / torch)\n",
+    );
     text.push_str("        matmuls against numpy's f32 matmul measured in the same run: ratio = median over\n");
     text.push_str("        rounds of numpy then nx back to back of (nx GFLOP/s) / (numpy GFLOP/s); with --torch,\n");
     text.push_str(
@@ -472,37 +523,6 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     }
     text.push_str("Fourier and Cholesky rows against numpy and torch (same threads) in the same run, nx x as above\n");
     Ok(text.trim_end().to_string())
-}
-
-/// The sum of `c` by a plain loop of 8 lanes, compiled for AVX2 where the CPU has it (as the
-/// kernel's sums are): the peer for the sums.
-fn plain_sum(c: &[f32]) -> f32 {
-    #[inline(always)]
-    fn lanes(c: &[f32]) -> f32 {
-        let mut l = [0f32; 8];
-        // plain `for` loops: an iterator adapter's closure would not inherit the AVX2 feature
-        for v in c.chunks_exact(8) {
-            for k in 0..8 {
-                l[k] += v[k];
-            }
-        }
-        l.iter().sum::<f32>()
-    }
-    /// `lanes` compiled for AVX2.
-    ///
-    /// # Safety
-    /// The CPU has AVX2.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn lanes_avx2(c: &[f32]) -> f32 {
-        lanes(c)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        return unsafe { lanes_avx2(c) };
-    }
-    lanes(c)
 }
 
 /// Writes `v` over `c` by streaming stores, 32 bytes at a time where the CPU has AVX (the

@@ -194,7 +194,7 @@ type MpiTimes = (usize, usize, f64, Times, Times);
 #[cfg(feature = "mpi")]
 fn mpi_times(sizes: &[usize], reps: usize) -> Result<MpiTimes, Error> {
     use nx::collectives::mpi::{self, MpiComm, MpiOptions};
-    let opts = MpiOptions { checked: false, timeout: Duration::from_secs(600) };
+    let opts = MpiOptions { checked: false, timeout: Duration::from_secs(600), simd: None };
     Ok(mpi::run(opts, |c: MpiComm| -> nx::collectives::Result<MpiTimes> {
         let bw = mpi_copy_bandwidth(&c)?;
         let plain = |op: usize, s: &[f32], r: &mut [f32]| match op {

@@ -8,6 +8,7 @@ mod args;
 mod bench;
 mod bench_coll;
 mod bench_index;
+mod bench_mem;
 mod bench_numeric;
 mod ckpt;
 mod info;

@@ -124,10 +124,12 @@ fn bench_kernels_reports_ratios_as_json() {
     let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(names[0], "copy");
+    assert!(names[1].starts_with("read limit"), "{names:?}");
+    assert!(rows[1]["value"].as_f64().unwrap() > 0.0, "{}", rows[1]);
     assert!(names.iter().any(|n| n.starts_with("fused")), "{names:?}");
     assert!(names.iter().any(|n| n.starts_with("fill")), "{names:?}");
     assert!(names.iter().any(|n| n.starts_with("matmul bf16")), "{names:?}");
-    for r in &rows[1..5] {
+    for r in &rows[2..6] {
         assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["unit"], "GB/s");
     }

@@ -29,7 +29,7 @@ fn main() {
     let skip = mode.starts_with("skip");
     let unchecked = mode == "skip-unchecked" || mode == "lengths" || mode == "forever";
     let secs = if skip || mode == "forever" { 3 } else { 60 };
-    let opts = MpiOptions { checked: !unchecked, timeout: Duration::from_secs(secs) };
+    let opts = MpiOptions { checked: !unchecked, timeout: Duration::from_secs(secs), simd: None };
     let out = mpi::run(opts, |c| -> nx_collectives::Result<()> {
         match mode.as_str() {
             "conformance" => {

@@ -190,13 +190,13 @@ impl Shm {
             }
             let dst = &mut out[lo..lo + m];
             if stream {
-                let done = reduce_into(op, &terms, &mut block[..m]);
+                let done = reduce_into(self.simd, op, &terms, &mut block[..m]);
                 debug_assert!(done, "the op was checked for the dtype");
                 // SAFETY: `dst` holds m elements, this rank's own.
                 unsafe { put(&block[..m], dst.as_mut_ptr(), true) };
                 then(lo, &block[..m])?;
             } else {
-                let done = reduce_into(op, &terms, dst);
+                let done = reduce_into(self.simd, op, &terms, dst);
                 debug_assert!(done, "the op was checked for the dtype");
                 then(lo, dst)?;
             }

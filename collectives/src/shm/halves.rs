@@ -222,7 +222,7 @@ impl Shm {
                 std::slice::from_raw_parts(self.half::<T>(q, h).add(me * per_of::<T>(self.size())), len)
             })
             .collect();
-        let done = reduce_into(op, &terms, out);
+        let done = reduce_into(self.simd, op, &terms, out);
         debug_assert!(done, "the op was checked for the dtype");
     }
 }

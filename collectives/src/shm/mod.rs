@@ -278,6 +278,8 @@ pub(crate) struct Shm {
     /// This rank in the communicator.
     rank: usize,
     timeout: Duration,
+    /// The SIMD level of the reduction loops.
+    simd: nx_kernels::Simd,
 }
 
 impl std::fmt::Debug for Shm {
@@ -322,9 +324,9 @@ impl Shm {
     ///
     /// # Panics
     /// Where this process is not a member (a caller's bug).
-    pub(crate) fn new(node: Rc<Node>, members: Vec<usize>, timeout: Duration) -> Shm {
+    pub(crate) fn new(node: Rc<Node>, members: Vec<usize>, timeout: Duration, simd: nx_kernels::Simd) -> Shm {
         let rank = members.iter().position(|&m| m == node.me).expect("this process is a member");
-        Shm { node, members, rank, timeout }
+        Shm { node, members, rank, timeout, simd }
     }
 
     /// The segments this view uses.

@@ -1,6 +1,7 @@
 use super::*;
 use crate::sim;
 use crate::Communicator;
+use nx_kernels::Simd;
 
 /// Segments for `n` ranks in one heap allocation (world ranks from `world0`): their bases.
 fn segments(n: usize, world0: usize) -> (std::sync::Arc<Vec<u64>>, Vec<usize>) {
@@ -50,7 +51,7 @@ fn run_with<R: Send>(n: usize, direct: bool, body: &(impl Fn(Rc<Node>) -> R + Sy
 /// The whole host as one communicator.
 fn world(node: Rc<Node>) -> Shm {
     let n = node.bases.len();
-    Shm::new(node, (0..n).collect(), Duration::from_secs(20))
+    Shm::new(node, (0..n).collect(), Duration::from_secs(20), Simd::detected())
 }
 
 fn values(r: usize, len: usize) -> Vec<f32> {
@@ -160,9 +161,19 @@ fn communicators_over_subsets_share_the_segments() {
     };
     let outs = run(4, |node| {
         let me = node.me;
-        let all = Shm::new(node.clone(), vec![0, 1, 2, 3], Duration::from_secs(20));
-        let near = Shm::new(node.clone(), if me < 2 { vec![0, 1] } else { vec![2, 3] }, Duration::from_secs(20));
-        let far = Shm::new(node, if me % 2 == 0 { vec![0, 2] } else { vec![1, 3] }, Duration::from_secs(20));
+        let all = Shm::new(node.clone(), vec![0, 1, 2, 3], Duration::from_secs(20), Simd::detected());
+        let near = Shm::new(
+            node.clone(),
+            if me < 2 { vec![0, 1] } else { vec![2, 3] },
+            Duration::from_secs(20),
+            Simd::detected(),
+        );
+        let far = Shm::new(
+            node,
+            if me % 2 == 0 { vec![0, 2] } else { vec![1, 3] },
+            Duration::from_secs(20),
+            Simd::detected(),
+        );
         let send = values(me, len);
         let mut got = Vec::new();
         for s in [&near, &all, &far, &near, &far, &all] {
@@ -197,7 +208,7 @@ fn a_sleeping_rank_is_woken_when_its_peer_arrives() {
                     // SAFETY: as `node`'s.
                     let mut n = unsafe { Node::new(bases.to_vec(), r, Box::new(mem.clone())) };
                     n.waits = (Duration::ZERO, Duration::from_secs(60));
-                    let s = Shm::new(Rc::new(n), vec![0, 1], Duration::from_secs(120));
+                    let s = Shm::new(Rc::new(n), vec![0, 1], Duration::from_secs(120), Simd::detected());
                     let t = Instant::now();
                     for k in 0..3 {
                         if r == 1 {
@@ -219,7 +230,7 @@ fn a_sleeping_rank_is_woken_when_its_peer_arrives() {
 fn a_missing_rank_is_named_after_the_timeout() {
     let (mem, bases) = segments(2, 40);
     // rank 1 never makes its view (it "skipped" the call)
-    let s = Shm::new(node(&mem, &bases, 0, false), vec![0, 1], Duration::from_millis(200));
+    let s = Shm::new(node(&mem, &bases, 0, false), vec![0, 1], Duration::from_millis(200), Simd::detected());
     let e = s.all_reduce(&[1f32; 10], &mut [0f32; 10], ReduceOp::Sum).unwrap_err();
     match e {
         Error::Timeout { rank, missing, ref call, .. } => {

@@ -45,13 +45,16 @@ pub struct SimOptions {
     /// then associate as the MPI backend's do across hosts ([`Communicator::hosts`]), the same
     /// bits as MPI ranks laid out so.
     pub hosts: Vec<usize>,
+    /// The highest SIMD level the reduction loops use (`None`: all the CPU has); every level
+    /// gives the same bits.
+    pub simd: Option<nx_kernels::Simd>,
 }
 
 impl Default for SimOptions {
     /// The collectives' defaults ([`crate::Options`]), no faults.
     fn default() -> Self {
         let o = crate::Options::default();
-        SimOptions { checked: o.checked, timeout: o.timeout, faults: Vec::new(), hosts: Vec::new() }
+        SimOptions { checked: o.checked, timeout: o.timeout, faults: Vec::new(), hosts: Vec::new(), simd: o.simd }
     }
 }
 
@@ -155,6 +158,11 @@ where
 }
 
 impl SimComm {
+    /// The SIMD level of the world's reduction loops.
+    fn simd(&self) -> nx_kernels::Simd {
+        nx_kernels::Simd::capped(self.world.opts.simd)
+    }
+
     fn world_of(&self, r: usize) -> usize {
         self.group.members[r]
     }
@@ -313,7 +321,7 @@ impl Communicator for SimComm {
             unsafe {
                 let terms: Vec<&[T]> =
                     slots.iter().map(|s| std::slice::from_raw_parts((s.0 as *const T).add(at), m)).collect();
-                reduce_grouped(op, &terms, &tiers, &mut block[..m]);
+                reduce_grouped(self.simd(), op, &terms, &tiers, &mut block[..m]);
                 for s in &slots {
                     put(block.as_ptr(), (s.1 as *mut T).add(at), m, stream);
                 }
@@ -343,7 +351,7 @@ impl Communicator for SimComm {
         unsafe {
             let terms: Vec<&[T]> =
                 slots.iter().map(|s| std::slice::from_raw_parts((s.0 as *const T).add(off), recv.len())).collect();
-            reduce_grouped(op, &terms, &by_host(self.hosts()), recv);
+            reduce_grouped(self.simd(), op, &terms, &by_host(self.hosts()), recv);
         }
         self.close("reduce_scatter")
     }

@@ -16,7 +16,7 @@ use super::{destinations, through_door};
 use crate::door::Operand;
 use crate::dtype::fp8::{F8E4M3, F8E5M2};
 use crate::kernels::{attention_refusal, Attention, Kv};
-use crate::{Answer, Dtype, Element};
+use crate::{Answer, Dtype, Element, Simd};
 
 /// Query rows a task takes.
 pub(crate) const QB: usize = 256;
@@ -44,10 +44,10 @@ trait Acc: faer::traits::ComplexField + Copy + Send + Sync + PartialOrd + 'stati
     fn to_f64(self) -> f64;
     fn nan(self) -> bool;
     /// The greatest of `s·x` over `row` (NaNs skipped; −∞ for none).
-    fn max_scaled(row: &[Self], s: Self) -> Self;
+    fn max_scaled(simd: Simd, row: &[Self], s: Self) -> Self;
     /// Replaces each `x` of `row` by `exp(s·x − m)`; answers their sum, in 16 lanes
     /// ([`attention_rows`](super::attention_rows)).
-    fn exp_row(row: &mut [Self], s: Self, m: Self) -> Self;
+    fn exp_row(simd: Simd, row: &mut [Self], s: Self, m: Self) -> Self;
 }
 
 macro_rules! acc {
@@ -118,12 +118,12 @@ macro_rules! acc {
                 self.is_nan()
             }
             #[inline(always)]
-            fn max_scaled(row: &[Self], s: Self) -> Self {
-                <$t as RowOps>::max_scaled(row, s)
+            fn max_scaled(simd: Simd, row: &[Self], s: Self) -> Self {
+                <$t as RowOps>::max_scaled(simd, row, s)
             }
             #[inline(always)]
-            fn exp_row(row: &mut [Self], s: Self, m: Self) -> Self {
-                <$t as RowOps>::exp_row(row, s, m)
+            fn exp_row(simd: Simd, row: &mut [Self], s: Self, m: Self) -> Self {
+                <$t as RowOps>::exp_row(simd, row, s, m)
             }
         }
     };
@@ -227,6 +227,7 @@ pub(crate) fn attention(
     read.extend(lengths);
     let (paged, has_len) = (table.is_some(), lengths.is_some());
     let spec = spec.clone();
+    let simd = par.simd();
     through_door(par, "attention", None, &[o, lse], &read, move |w, r, execute| {
         let (o, lse, q, k, v) = (w[0], w[1], r[0], r[1], r[2]);
         let table = paged.then(|| r[3]);
@@ -300,7 +301,7 @@ pub(crate) fn attention(
             o: View::of(o),
             lse: View::of(lse),
         };
-        let dims = Dims { lead, hq, hk, tq, tk, dk, dv, page, pages };
+        let dims = Dims { lead, hq, hk, tq, tk, dk, dv, page, pages, simd };
         if spec.acc == Dtype::F64 {
             run::<f64>(&spec, &views, &dims, &lens);
         } else {
@@ -329,6 +330,8 @@ struct Dims {
     dv: usize,
     page: usize,
     pages: usize,
+    /// The SIMD level the row loops run.
+    simd: Simd,
 }
 
 /// A key head's visible keys, widened: rows of `k` and `v`, and each key's position.
@@ -377,148 +380,122 @@ fn run<A: Acc>(spec: &Attention, x: &Views, d: &Dims, lens: &[usize]) {
             let h = g * group + task / blocks;
             let i0 = (task % blocks) * QB;
             let i1 = (i0 + QB).min(d.tq);
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                // SAFETY: the CPU has AVX2 and FMA.
-                unsafe { rows_avx2(spec, s, x, d, packed, b, h, i0, i1) };
-                return;
-            }
-            rows(spec, s, x, d, packed, b, h, i0, i1);
+            rows(d.simd, spec, s, x, d, packed, b, h, i0, i1);
         });
     });
 }
 
-/// [`rows`] compiled for AVX2 and FMA: its scalar code VEX-encoded as faer's products and libm's
-/// `expf` are. Between them, the baseline's legacy SSE instructions with the vector registers'
-/// upper halves dirty ran the whole kernel 15× slower on this Xeon (3.6 against 56 GFLOP/s
-/// before the row loops were vectorised; 160 with them).
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn rows_avx2<A: Acc>(
-    spec: &Attention,
-    s: A,
-    x: &Views,
-    d: &Dims,
-    kv: &Packed<A>,
-    b: usize,
-    h: usize,
-    i0: usize,
-    i1: usize,
-) {
-    rows(spec, s, x, d, kv, b, h, i0, i1)
-}
-
-/// Query rows `i0..i1` of head `h` at lead index `b`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn rows<A: Acc>(spec: &Attention, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: usize, h: usize, i0: usize, i1: usize) {
-    let (bq, n) = (i1 - i0, kv.pos.len());
-    let qs = x.q.strides[x.q.strides.len() - 1];
-    let mut qt = Vec::with_capacity(bq * d.dk);
-    for i in i0..i1 {
-        let r = x.q.pos(d.lead, b, &[h, i, 0]);
-        A::read_row(&mut qt, x.q.d, qs, d.dk, |c| x.q.addr(r + c as isize * qs));
-    }
-    let (mut m, mut l) = (vec![A::NEG_INF; bq], vec![A::ZERO; bq]);
-    let mut poisoned = vec![false; bq];
-    let mut acc = vec![A::ZERO; bq * d.dv];
-    let mut sc = vec![A::ZERO; bq * KB];
-    // the last key a row may see under the causal mask
-    let last = |i: usize| spec.causal.map(|c| (i as i64).saturating_add(c));
-    let mut j0 = 0;
-    while j0 < n {
-        let j1 = (j0 + KB).min(n);
-        if last(i1 - 1).is_some_and(|e| (kv.pos[j0] as i64) > e) {
-            break; // every later key is past every row's mask
+crate::simd_fn! {
+    /// Query rows `i0..i1` of head `h` at lead index `b`, built for the level: even at AVX2 its
+    /// scalar code VEX-encoded as faer's products and libm's `expf` are. Between them, the
+    /// baseline's legacy SSE instructions with the vector registers' upper halves dirty ran the
+    /// whole kernel 15× slower on an Intel Xeon (3.6 against 56 GFLOP/s before the row loops were
+    /// vectorised; 160 with them).
+    fn rows<A: Acc>(simd: Simd, spec: &Attention, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: usize, h: usize, i0: usize, i1: usize) {
+        let (bq, n) = (i1 - i0, kv.pos.len());
+        let qs = x.q.strides[x.q.strides.len() - 1];
+        let mut qt = Vec::with_capacity(bq * d.dk);
+        for i in i0..i1 {
+            let r = x.q.pos(d.lead, b, &[h, i, 0]);
+            A::read_row(&mut qt, x.q.d, qs, d.dk, |c| x.q.addr(r + c as isize * qs));
         }
-        let bk = j1 - j0;
-        // the rows before `r0` see no key of the tile (under a causal mask): left out of both
-        // products, as they are of the softmax
-        let r0 = spec.causal.map_or(0, |c| {
-            let first = (kv.pos[j0] as i64).saturating_sub(c).saturating_sub(i0 as i64);
-            first.clamp(0, bq as i64) as usize
-        });
-        let rows = bq - r0;
-        // SAFETY: the slices hold bq × dk, bk × dk and bq × bk elements, row-major; rows r0.. of
-        // them are taken.
-        unsafe {
-            let qm = faer::MatRef::from_raw_parts(qt.as_ptr().add(r0 * d.dk), rows, d.dk, d.dk as isize, 1);
-            let km = faer::MatRef::from_raw_parts(kv.k.as_ptr().add(j0 * d.dk), bk, d.dk, d.dk as isize, 1);
-            let sm = faer::MatMut::from_raw_parts_mut(sc.as_mut_ptr().add(r0 * bk), rows, bk, bk as isize, 1);
-            faer::linalg::matmul::matmul(sm, faer::Accum::Replace, qm, km.transpose(), A::of(1.0), faer::Par::Seq);
-        }
-        for r in r0..bq {
-            let row = &mut sc[r * bk..(r + 1) * bk];
-            // the keys this row sees in the tile: a prefix (positions ascend); the rest weigh 0
-            let seen = match last(i0 + r) {
-                None => bk,
-                Some(e) => kv.pos[j0..j1].partition_point(|&p| p as i64 <= e),
-            };
-            row[seen..].fill(A::ZERO);
-            let visible = &mut row[..seen];
-            let mx = m[r].fmax(A::max_scaled(visible, s));
-            if mx == A::INF {
-                poisoned[r] = true; // a score overflowed: the row's o and lse are NaN
-                visible.fill(A::ZERO);
-                continue;
+        let (mut m, mut l) = (vec![A::NEG_INF; bq], vec![A::ZERO; bq]);
+        let mut poisoned = vec![false; bq];
+        let mut acc = vec![A::ZERO; bq * d.dv];
+        let mut sc = vec![A::ZERO; bq * KB];
+        // the last key a row may see under the causal mask
+        let last = |i: usize| spec.causal.map(|c| (i as i64).saturating_add(c));
+        let mut j0 = 0;
+        while j0 < n {
+            let j1 = (j0 + KB).min(n);
+            if last(i1 - 1).is_some_and(|e| (kv.pos[j0] as i64) > e) {
+                break; // every later key is past every row's mask
             }
-            if mx == A::NEG_INF && !visible.iter().any(|x| x.fmul(s).nan()) {
-                visible.fill(A::ZERO); // nothing visible yet: weights of zero
-                continue;
+            let bk = j1 - j0;
+            // the rows before `r0` see no key of the tile (under a causal mask): left out of both
+            // products, as they are of the softmax
+            let r0 = spec.causal.map_or(0, |c| {
+                let first = (kv.pos[j0] as i64).saturating_sub(c).saturating_sub(i0 as i64);
+                first.clamp(0, bq as i64) as usize
+            });
+            let rows = bq - r0;
+            // SAFETY: the slices hold bq × dk, bk × dk and bq × bk elements, row-major; rows r0.. of
+            // them are taken.
+            unsafe {
+                let qm = faer::MatRef::from_raw_parts(qt.as_ptr().add(r0 * d.dk), rows, d.dk, d.dk as isize, 1);
+                let km = faer::MatRef::from_raw_parts(kv.k.as_ptr().add(j0 * d.dk), bk, d.dk, d.dk as isize, 1);
+                let sm = faer::MatMut::from_raw_parts_mut(sc.as_mut_ptr().add(r0 * bk), rows, bk, bk as isize, 1);
+                faer::linalg::matmul::matmul(sm, faer::Accum::Replace, qm, km.transpose(), A::of(1.0), faer::Par::Seq);
             }
-            let alpha = if m[r] == A::NEG_INF { A::ZERO } else { m[r].fsub(mx).fexp() };
-            let sum = A::exp_row(visible, s, mx);
-            l[r] = l[r].fmul(alpha).fadd(sum);
-            m[r] = mx;
-            if alpha != A::of(1.0) {
-                acc[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|a| *a = a.fmul(alpha));
-            }
-        }
-        // SAFETY: as above, bq × bk, bk × dv and bq × dv elements, rows r0.. of the first and last.
-        unsafe {
-            let pm = faer::MatRef::from_raw_parts(sc.as_ptr().add(r0 * bk), rows, bk, bk as isize, 1);
-            let vm = faer::MatRef::from_raw_parts(kv.v.as_ptr().add(j0 * d.dv), bk, d.dv, d.dv as isize, 1);
-            let om = faer::MatMut::from_raw_parts_mut(acc.as_mut_ptr().add(r0 * d.dv), rows, d.dv, d.dv as isize, 1);
-            faer::linalg::matmul::matmul(om, faer::Accum::Add, pm, vm, A::of(1.0), faer::Par::Seq);
-        }
-        j0 = j1;
-    }
-    let f32acc = std::mem::size_of::<A>() == 4;
-    for r in 0..bq {
-        let i = i0 + r;
-        let none = l[r] == A::ZERO && !poisoned[r];
-        let lse = if poisoned[r] {
-            f64::NAN
-        } else if none {
-            f64::NEG_INFINITY
-        } else {
-            m[r].fadd(l[r].fln()).to_f64()
-        };
-        // SAFETY: o and lse are C-contiguous of the checked shapes; this task writes rows i0..i1
-        // of head h at lead b alone.
-        unsafe {
-            let at = x.lse.pos(d.lead, b, &[h, i]);
-            store(x.lse.d, x.lse.addr(at), lse, f32acc.then_some(lse as f32));
-            let ob = x.o.pos(d.lead, b, &[h, i, 0]);
-            for c in 0..d.dv {
-                let val = if poisoned[r] {
-                    A::NAN
-                } else if none {
-                    A::ZERO
-                } else {
-                    acc[r * d.dv + c].fdiv(l[r])
+            for r in r0..bq {
+                let row = &mut sc[r * bk..(r + 1) * bk];
+                // the keys this row sees in the tile: a prefix (positions ascend); the rest weigh 0
+                let seen = match last(i0 + r) {
+                    None => bk,
+                    Some(e) => kv.pos[j0..j1].partition_point(|&p| p as i64 <= e),
                 };
-                let v64 = val.to_f64();
-                store(
-                    x.o.d,
-                    x.o.addr(ob + c as isize),
-                    if none { 0.0 } else { v64 },
-                    f32acc.then_some(if none { 0.0 } else { v64 as f32 }),
-                );
+                row[seen..].fill(A::ZERO);
+                let visible = &mut row[..seen];
+                let mx = m[r].fmax(A::max_scaled(simd, visible, s));
+                if mx == A::INF {
+                    poisoned[r] = true; // a score overflowed: the row's o and lse are NaN
+                    visible.fill(A::ZERO);
+                    continue;
+                }
+                if mx == A::NEG_INF && !visible.iter().any(|x| x.fmul(s).nan()) {
+                    visible.fill(A::ZERO); // nothing visible yet: weights of zero
+                    continue;
+                }
+                let alpha = if m[r] == A::NEG_INF { A::ZERO } else { m[r].fsub(mx).fexp() };
+                let sum = A::exp_row(simd, visible, s, mx);
+                l[r] = l[r].fmul(alpha).fadd(sum);
+                m[r] = mx;
+                if alpha != A::of(1.0) {
+                    acc[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|a| *a = a.fmul(alpha));
+                }
+            }
+            // SAFETY: as above, bq × bk, bk × dv and bq × dv elements, rows r0.. of the first and last.
+            unsafe {
+                let pm = faer::MatRef::from_raw_parts(sc.as_ptr().add(r0 * bk), rows, bk, bk as isize, 1);
+                let vm = faer::MatRef::from_raw_parts(kv.v.as_ptr().add(j0 * d.dv), bk, d.dv, d.dv as isize, 1);
+                let om = faer::MatMut::from_raw_parts_mut(acc.as_mut_ptr().add(r0 * d.dv), rows, d.dv, d.dv as isize, 1);
+                faer::linalg::matmul::matmul(om, faer::Accum::Add, pm, vm, A::of(1.0), faer::Par::Seq);
+            }
+            j0 = j1;
+        }
+        let f32acc = std::mem::size_of::<A>() == 4;
+        for r in 0..bq {
+            let i = i0 + r;
+            let none = l[r] == A::ZERO && !poisoned[r];
+            let lse = if poisoned[r] {
+                f64::NAN
+            } else if none {
+                f64::NEG_INFINITY
+            } else {
+                m[r].fadd(l[r].fln()).to_f64()
+            };
+            // SAFETY: o and lse are C-contiguous of the checked shapes; this task writes rows i0..i1
+            // of head h at lead b alone.
+            unsafe {
+                let at = x.lse.pos(d.lead, b, &[h, i]);
+                store(x.lse.d, x.lse.addr(at), lse, f32acc.then_some(lse as f32));
+                let ob = x.o.pos(d.lead, b, &[h, i, 0]);
+                for c in 0..d.dv {
+                    let val = if poisoned[r] {
+                        A::NAN
+                    } else if none {
+                        A::ZERO
+                    } else {
+                        acc[r * d.dv + c].fdiv(l[r])
+                    };
+                    let v64 = val.to_f64();
+                    store(
+                        x.o.d,
+                        x.o.addr(ob + c as isize),
+                        if none { 0.0 } else { v64 },
+                        f32acc.then_some(if none { 0.0 } else { v64 as f32 }),
+                    );
+                }
             }
         }
     }

@@ -1,7 +1,9 @@
 //! The attention kernel's row loops: the greatest scaled score of a row, then `exp(s·x − m)` in
-//! place and its sum. `f32`'s run in AVX-512 or AVX2 where the CPU has them; every path computes
+//! place and its sum. `f32`'s run in AVX-512 or AVX2 where the library's level allows; every path computes
 //! the same operations in the same 16 lanes (element `j` into lane `j mod 16`), so the bits are
 //! the same on every CPU.
+
+use crate::Simd;
 
 /// Lanes of the row loops.
 const LANES: usize = 16;
@@ -138,25 +140,25 @@ pub(super) fn exp_row_plain<T: RowFloat>(row: &mut [T], s: T, m: T) -> T {
     sum
 }
 
-/// The row loops of each accumulator: `f32`'s in AVX-512 or AVX2 where the CPU has it, the same
-/// bits as the plain loops.
+/// The row loops of each accumulator: `f32`'s in AVX-512 or AVX2 where the level allows it, the
+/// same bits as the plain loops.
 pub(super) trait RowOps: Sized {
     /// The greatest of `s·x` over `row`: NaNs skipped, −∞ for none.
-    fn max_scaled(row: &[Self], s: Self) -> Self;
+    fn max_scaled(simd: Simd, row: &[Self], s: Self) -> Self;
     /// Replaces each `x` of `row` by `exp(s·x − m)`; answers their sum, in 16 lanes.
-    fn exp_row(row: &mut [Self], s: Self, m: Self) -> Self;
+    fn exp_row(simd: Simd, row: &mut [Self], s: Self, m: Self) -> Self;
 }
 
 impl RowOps for f32 {
     #[inline(always)]
-    fn max_scaled(row: &[f32], s: f32) -> f32 {
+    fn max_scaled(simd: Simd, row: &[f32], s: f32) -> f32 {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            if simd.avx512() {
                 // SAFETY: the CPU has AVX-512F and FMA.
                 return unsafe { simd512::max_scaled(row, s) };
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if simd.avx2() {
                 // SAFETY: the CPU has AVX2 and FMA.
                 return unsafe { simd256::max_scaled(row, s) };
             }
@@ -164,14 +166,14 @@ impl RowOps for f32 {
         max_scaled_plain(row, s)
     }
     #[inline(always)]
-    fn exp_row(row: &mut [f32], s: f32, m: f32) -> f32 {
+    fn exp_row(simd: Simd, row: &mut [f32], s: f32, m: f32) -> f32 {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            if simd.avx512() {
                 // SAFETY: the CPU has AVX-512F and FMA.
                 return unsafe { simd512::exp_row(row, s, m) };
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if simd.avx2() {
                 // SAFETY: the CPU has AVX2 and FMA.
                 return unsafe { simd256::exp_row(row, s, m) };
             }
@@ -182,11 +184,11 @@ impl RowOps for f32 {
 
 impl RowOps for f64 {
     #[inline(always)]
-    fn max_scaled(row: &[f64], s: f64) -> f64 {
+    fn max_scaled(_: Simd, row: &[f64], s: f64) -> f64 {
         max_scaled_plain(row, s)
     }
     #[inline(always)]
-    fn exp_row(row: &mut [f64], s: f64, m: f64) -> f64 {
+    fn exp_row(_: Simd, row: &mut [f64], s: f64, m: f64) -> f64 {
         exp_row_plain(row, s, m)
     }
 }
@@ -427,28 +429,11 @@ mod tests {
             let q = |i: usize| (lanes[i] + lanes[i + 1]) + (lanes[i + 2] + lanes[i + 3]);
             let naive_sum = naive[whole..].iter().fold((q(0) + q(4)) + (q(8) + q(12)), |a, &x| a + x);
             assert_eq!((one(mp), one(sp), bits(&plain)), (one(naive_m), one(naive_sum), bits(&naive)));
-            #[cfg(target_arch = "x86_64")]
-            {
-                let mut paths: Vec<(f32, f32, Vec<f32>)> = Vec::new();
-                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                    let mut a = row.clone();
-                    // SAFETY: the CPU has AVX2 and FMA.
-                    let m = unsafe { simd256::max_scaled(&a, s) };
-                    // SAFETY: as above.
-                    let sum = unsafe { simd256::exp_row(&mut a, s, m) };
-                    paths.push((m, sum, a));
-                }
-                if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-                    let mut a = row.clone();
-                    // SAFETY: the CPU has AVX-512F and FMA.
-                    let m = unsafe { simd512::max_scaled(&a, s) };
-                    // SAFETY: as above.
-                    let sum = unsafe { simd512::exp_row(&mut a, s, m) };
-                    paths.push((m, sum, a));
-                }
-                for (m, sum, a) in paths {
-                    assert_eq!((one(m), one(sum), bits(&a)), (one(mp), one(sp), bits(&plain)), "{len}");
-                }
+            for simd in Simd::available_levels() {
+                let mut a = row.clone();
+                let m = <f32 as RowOps>::max_scaled(simd, &a, s);
+                let sum = <f32 as RowOps>::exp_row(simd, &mut a, s, m);
+                assert_eq!((one(m), one(sum), bits(&a)), (one(mp), one(sp), bits(&plain)), "{simd} {len}");
             }
         }
     }

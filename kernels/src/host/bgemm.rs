@@ -1,5 +1,5 @@
 //! bf16 matrix products with f32 accumulation, in [`super::sgemm`]'s loop nest: `vdpbf16ps` tiles
-//! where the CPU has AVX-512 BF16, else the f32 tiles over operands widened as they are packed.
+//! where the library's level has AVX-512 BF16, else the f32 tiles over operands widened as they are packed.
 //!
 //! Association: as the f32 product's (blocks of 512 along the contracting axis, each block from +0,
 //! its sum added to the output), with a block's indices taken in pairs `(2q, 2q + 1)`, the odd one
@@ -14,6 +14,7 @@
 use half::bf16;
 
 use super::sgemm::{drive, Isa, Kit, Mat, Out};
+use crate::Simd;
 
 /// The instruction set a bf16 product runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,27 +26,20 @@ pub(crate) enum Bf16Isa {
 }
 
 impl Bf16Isa {
-    /// The best this CPU runs.
-    pub(crate) fn best() -> Bf16Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512f") {
-                return Bf16Isa::Dot;
-            }
+    /// The best a library at `simd` runs.
+    pub(crate) fn of(simd: Simd) -> Bf16Isa {
+        if simd.avx512bf16() {
+            Bf16Isa::Dot
+        } else {
+            Bf16Isa::Wide(Isa::of(simd))
         }
-        Bf16Isa::Wide(Isa::best())
     }
 
     /// Whether this CPU runs it.
     #[cfg(test)]
     pub(crate) fn available(self) -> bool {
         match self {
-            #[cfg(target_arch = "x86_64")]
-            Bf16Isa::Dot => {
-                std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512f")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            Bf16Isa::Dot => false,
+            Bf16Isa::Dot => Simd::Avx512Bf16.available(),
             Bf16Isa::Wide(isa) => isa.available(),
         }
     }

@@ -1,6 +1,6 @@
 //! The contraction kernel: operands permuted to (batch, free, contracting) views, a matrix
 //! product per batch: nx's own for `f32` (and f16 and fp8, widened to it), its bf16 one for bf16
-//! (`vdpbf16ps` where the CPU has AVX-512 BF16), `faer`'s for the rest.
+//! (`vdpbf16ps` where the library's level has AVX-512 BF16), `faer`'s for the rest.
 
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
@@ -15,7 +15,7 @@ use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
 use crate::dtype::fp8::{F8E4M3, F8E5M2};
 use crate::layout::{extent_product, Layout, Move};
 use crate::Contraction;
-use crate::{Answer, Dtype, Element};
+use crate::{Answer, Dtype, Element, Simd};
 
 /// An operand as a [B, rows, cols] view: base address and strides in elements.
 #[derive(Clone, Copy)]
@@ -74,6 +74,8 @@ pub(crate) struct Dims {
     pub(crate) m: usize,
     pub(crate) n: usize,
     pub(crate) k: usize,
+    /// The SIMD level the products run.
+    pub(crate) simd: Simd,
 }
 
 /// `dst[b] (+)= lhs[b] · rhs[b]` for every batch `b` (`add`: accumulate into what `dst` holds;
@@ -145,7 +147,7 @@ fn batch_out<'a>(d: &Dims, dst: Ptr, bb: usize) -> Out<'a> {
 /// # Safety
 /// As [`product`].
 unsafe fn product_f32(d: &Dims, dst: Ptr, lhs: View, rhs: View, add: bool, threads: usize) {
-    let isa = Isa::best();
+    let isa = Isa::of(d.simd);
     spread(d, threads, |bb, parallel| {
         let (dst, lhs, rhs) = (dst, lhs, rhs);
         // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
@@ -159,7 +161,7 @@ unsafe fn product_f32(d: &Dims, dst: Ptr, lhs: View, rhs: View, add: bool, threa
 /// # Safety
 /// As [`product`], the views addressing bf16s and `dst` f32s.
 unsafe fn product_bf16(d: &Dims, dst: Ptr, lhs: View, rhs: View, threads: usize) {
-    let isa = Bf16Isa::best();
+    let isa = Bf16Isa::of(d.simd);
     spread(d, threads, |bb, parallel| {
         let (dst, lhs, rhs) = (dst, lhs, rhs);
         // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
@@ -216,6 +218,7 @@ pub(crate) fn contract(
     let mut reads: Vec<&dyn Operand> = vec![a, b];
     reads.extend(init);
     let spec = spec.clone();
+    let simd = par.simd();
     through_door(par, "contract", None, &[dst], &reads, move |w, r, run| {
         let (dst, a, b, init, spec) = (w[0], r[0], r[1], r.get(2).copied(), &spec);
         if dst.layout().shape() != out_shape || init.is_some_and(|i| i.layout().shape() != out_shape) {
@@ -236,7 +239,7 @@ pub(crate) fn contract(
         let free_a: Vec<usize> = (0..sa.len()).filter(|x| !batch_a.contains(x) && !con_a.contains(x)).collect();
         let free_b: Vec<usize> = (0..sb.len()).filter(|x| !batch_b.contains(x) && !con_b.contains(x)).collect();
         let ext = |s: &[usize], ax: &[usize]| extent_product(ax.iter().map(|&x| s[x]));
-        let dims = Dims { b: ext(sa, &batch_a), m: ext(sa, &free_a), n: ext(sb, &free_b), k: ext(sa, &con_a) };
+        let dims = Dims { b: ext(sa, &batch_a), m: ext(sa, &free_a), n: ext(sb, &free_b), k: ext(sa, &con_a), simd };
         let perm_a: Vec<usize> = batch_a.iter().chain(&free_a).chain(&con_a).copied().collect();
         let perm_b: Vec<usize> = batch_b.iter().chain(&con_b).chain(&free_b).copied().collect();
         // SAFETY: the door holds every claim for this closure's whole run.

@@ -22,7 +22,7 @@ use super::through_door;
 use crate::contraction::{contraction_accumulator, widens_into, Contraction, Factor, Scale, Segmented, Segments};
 use crate::door::{identical, Operand};
 use crate::layout::{extent_product, Move};
-use crate::{Answer, Dtype, Element, Value};
+use crate::{Answer, Dtype, Element, Simd, Value};
 
 /// What one accumulator type does in a general contraction.
 trait Acc: Element {
@@ -169,6 +169,8 @@ struct Plan {
     init: Option<usize>,
     ids: Option<usize>,
     acc: Dtype,
+    /// The SIMD level the products run.
+    simd: Simd,
 }
 
 /// Whether a scale of shape `s` blocks an operand of shape `o`: one rank, each extent dividing
@@ -243,6 +245,7 @@ pub(crate) fn contract_general(
         init: init_at,
         ids: ids_at,
         acc,
+        simd: par.simd(),
     };
     through_door(par, "contract_general", None, &[dst], &reads, move |w, r, run| {
         let dst = w[0];
@@ -351,6 +354,7 @@ unsafe fn read_scaled<T: Acc>(o: &dyn Operand, scale: Option<(bool, &dyn Operand
 /// The door's claims are held on `dst` and every read operand `r`.
 unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
     let (a, b) = (r[0], r[1]);
+    let simd = plan.simd;
     let (sa, sb) = (a.layout().shape(), b.layout().shape());
     let ax = plan.spec.axes(sa.len(), sb.len());
     let ext = |s: &[usize], axes: &[usize]| extent_product(axes.iter().map(|&x| s[x]));
@@ -405,7 +409,7 @@ unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
                 if ![nb, m, n, k].contains(&0) {
                     let lhs = view_of::<T>(a, scale(0), &perm_a, [nb, m, k], &mut keep);
                     let rhs = view_of::<T>(b, scale(1), &perm_b, [nb, k, n], &mut keep);
-                    T::multiply(&Dims { b: nb, m, n, k }, out, lhs, rhs, add);
+                    T::multiply(&Dims { b: nb, m, n, k, simd }, out, lhs, rhs, add);
                     touched.fill(true);
                 }
             }
@@ -454,7 +458,7 @@ unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
                                 col: rhs.strides[2],
                             };
                             let om = Out { base: out.0.cast::<f32>(), rows: Rows::At(&rows_c) };
-                            sgemm(Isa::best(), cnt, n, k, am, bm, om, add, true);
+                            sgemm(Isa::of(simd), cnt, n, k, am, bm, om, add, true);
                             if track {
                                 for &row in members {
                                     touched[(bb * m + row) * n..(bb * m + row + 1) * n].fill(true);
@@ -484,7 +488,7 @@ unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
                         }
                         let tv = View { base: Ptr(ta.as_ptr() as *mut u8), offset: 0, strides: [0, k as isize, 1] };
                         let rv = View { offset: rhs.offset + (bb * g + e) as isize * rhs.strides[0], ..rhs };
-                        T::multiply(&Dims { b: 1, m: cnt, n, k }, Ptr(to.as_mut_ptr().cast()), tv, rv, add);
+                        T::multiply(&Dims { b: 1, m: cnt, n, k, simd }, Ptr(to.as_mut_ptr().cast()), tv, rv, add);
                         for (q, &row) in members.iter().enumerate() {
                             std::ptr::copy_nonoverlapping(to.as_ptr().add(q * n), at((bb * m + row) * n), n);
                             if track {
@@ -525,7 +529,7 @@ unsafe fn compute<T: Acc>(plan: &Plan, dst: &dyn Operand, r: &[&dyn Operand]) {
                         let tav = View { base: Ptr(ta.as_ptr() as *mut u8), offset: 0, strides: [0, ke as isize, 1] };
                         let tbv = View { base: Ptr(tb.as_ptr() as *mut u8), offset: 0, strides: [0, n as isize, 1] };
                         let block = Ptr(at((e * nb + bb) * m * n).cast());
-                        T::multiply(&Dims { b: 1, m, n, k: ke }, block, tav, tbv, add);
+                        T::multiply(&Dims { b: 1, m, n, k: ke, simd }, block, tav, tbv, add);
                         if track {
                             touched[(e * nb + bb) * m * n..(e * nb + bb + 1) * m * n].fill(true);
                         }

@@ -39,7 +39,8 @@ pub(crate) struct Source {
     pub(crate) dtype: Dtype,
     pub(crate) base: Ptr,
     pub(crate) layout: Layout,
-    contiguous: bool,
+    /// Whether it lies contiguous in the loop's order (flat index i at element offset + i).
+    pub(crate) contiguous: bool,
 }
 
 /// A program bound to its operands over a loop.

@@ -5,13 +5,14 @@
 //! register-at-a-time evaluator of [`super::eval`] runs each node over a block of 2048 before the
 //! next. It takes the common case — every live node of one float type (`f32` or `f64`), loads of
 //! contiguous operands of that dtype, constants, real unary and binary ops, destinations of that
-//! dtype — and the elementwise functions are [`super::reg`]'s, so both evaluators give the same
-//! bits.
+//! dtype; for `f32` also contiguous bf16 and f16 loads and destinations, widened into the lanes
+//! and narrowed from them — and the elementwise functions and conversions are [`super::reg`]'s,
+//! so both evaluators give the same bits.
 
 use super::eval::{Bound, Ptr};
 use super::reg::{self, real_binary, real_unary};
 use crate::prog::{BinOp, Node, Ty, UnOp};
-use crate::Dtype;
+use crate::{Dtype, Simd};
 
 /// Indices evaluated together: 512 bytes of `f32` a node. Measured here (8 interleaved runs, the
 /// registers cache-line aligned): the chain `y = a*x + b; z = relu(y)` 0.89 of the copy
@@ -40,6 +41,32 @@ pub(crate) trait Float: Copy + Default + Send + Sync + 'static {
     fn unary(op: UnOp, a: &Lanes<Self>, o: &mut Lanes<Self>);
     /// `o = a op b`.
     fn binary(op: BinOp, a: &Lanes<Self>, b: &Lanes<Self>, o: &mut Lanes<Self>);
+    /// `o` = the [`LANES`] halves of kind `h` at `src`, widened as the register evaluator
+    /// widens them (`f32` only: a [`Fused`] of another type holds no halves).
+    ///
+    /// # Safety
+    /// `src` addresses [`LANES`] readable, aligned halves.
+    unsafe fn widen(h: Half, src: *const u8, o: &mut Lanes<Self>);
+    /// `o` = `v` narrowed to halves of kind `h` (bits), as the register evaluator narrows.
+    fn narrow(h: Half, v: &Lanes<Self>, o: &mut [u16; LANES]);
+}
+
+/// A half-precision dtype the `f32` evaluator reads and writes, widened and narrowed lane by
+/// lane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Half {
+    Bf16,
+    F16,
+}
+
+impl Half {
+    fn of(d: Dtype) -> Option<Half> {
+        match d {
+            Dtype::BF16 => Some(Half::Bf16),
+            Dtype::F16 => Some(Half::F16),
+            _ => None,
+        }
+    }
 }
 
 macro_rules! lanes1 {
@@ -61,7 +88,7 @@ macro_rules! lanes2 {
 }
 
 macro_rules! float {
-    ($t:ty, $d:ident, $ty:ident) => {
+    ($t:ty, $d:ident, $ty:ident; $($halves:tt)*) => {
         impl Float for $t {
             const DTYPE: Dtype = Dtype::$d;
             const TY: Ty = Ty::$ty;
@@ -76,11 +103,36 @@ macro_rules! float {
             fn binary(op: BinOp, a: &Lanes<$t>, b: &Lanes<$t>, o: &mut Lanes<$t>) {
                 real_binary!(op, $t, lanes2(a, b, o))
             }
+            $($halves)*
         }
     };
 }
-float!(f32, F32, F32);
-float!(f64, F64, F64);
+float! { f32, F32, F32;
+    #[inline(always)]
+    unsafe fn widen(h: Half, src: *const u8, o: &mut Lanes<f32>) {
+        // SAFETY: the caller's contract.
+        let bits = unsafe { &*src.cast::<[u16; LANES]>() };
+        match h {
+            Half::Bf16 => lanes1!(bits, o, reg::widen_bf16),
+            Half::F16 => reg::widen_f16(bits, o),
+        }
+    }
+    #[inline(always)]
+    fn narrow(h: Half, v: &Lanes<f32>, o: &mut [u16; LANES]) {
+        match h {
+            Half::Bf16 => lanes1!(v, o, reg::narrow_bf16),
+            Half::F16 => reg::narrow_f16(o, v),
+        }
+    }
+}
+float! { f64, F64, F64;
+    unsafe fn widen(_: Half, _: *const u8, _: &mut Lanes<f64>) {
+        unreachable!("an f64 evaluator holds no halves")
+    }
+    fn narrow(_: Half, _: &Lanes<f64>, _: &mut [u16; LANES]) {
+        unreachable!("an f64 evaluator holds no halves")
+    }
+}
 
 /// Where a node's lanes are: a node's register, or memory (a contiguous load read in place,
 /// at the address of flat index 0).
@@ -103,18 +155,27 @@ pub(crate) struct Fused<T> {
     /// The computed nodes in program order (operands before their users), with their steps.
     steps: Vec<(usize, Step)>,
     outputs: Vec<Arg>,
-    /// The CPU runs AVX2: the loops are compiled a second time for it (twice the lanes an
-    /// instruction; the same operations, so the same bits).
-    avx2: bool,
+    /// Contiguous loads of halves: (node, address of flat index 0, kind), widened into the
+    /// node's lanes first in each run.
+    widen: Vec<(usize, Ptr, Half)>,
+    /// Per output, the halves it is narrowed to (`None`: stored as `T`).
+    narrow: Vec<Option<Half>>,
+    /// The level the loops run: they are compiled for AVX-512, AVX2 and the baseline (wider
+    /// instructions; the same operations, so the same bits).
+    simd: Simd,
 }
 
 impl<T: Float> Fused<T> {
     /// `bound` compiled for destinations of dtypes `dsts`; `None` where the evaluator does not
     /// take the program (see the module documentation).
-    pub(crate) fn new(bound: &Bound<'_>, dsts: &[Dtype]) -> Option<Fused<T>> {
-        if dsts.iter().any(|&d| d != T::DTYPE) {
+    pub(crate) fn new(simd: Simd, bound: &Bound<'_>, dsts: &[Dtype]) -> Option<Fused<T>> {
+        // halves widen into and narrow from f32 lanes only
+        let halves = T::DTYPE == Dtype::F32;
+        let narrow: Vec<Option<Half>> = dsts.iter().map(|&d| Half::of(d).filter(|_| halves)).collect();
+        if dsts.iter().zip(&narrow).any(|(&d, h)| d != T::DTYPE && h.is_none()) {
             return None;
         }
+        let mut widen = Vec::new();
         let prog = bound.prog;
         let arg = |v: usize| -> Arg {
             match prog.nodes[v].0 {
@@ -135,6 +196,13 @@ impl<T: Float> Fused<T> {
             }
             match node {
                 Node::Load(j) if bound.direct[k] && bound.sources[*j].dtype == T::DTYPE => {}
+                Node::Load(j)
+                    if halves && bound.sources[*j].contiguous && Half::of(bound.sources[*j].dtype).is_some() =>
+                {
+                    let s = &bound.sources[*j];
+                    let h = Half::of(s.dtype).expect("a half, checked above");
+                    widen.push((k, Ptr(s.base.at(s.dtype, s.layout.offset())), h));
+                }
                 Node::Const(c) => consts.push((k, T::of(c.re))),
                 Node::Weak(s) => consts.push((k, T::of(crate::prog::scalar_value(*s).re))),
                 Node::Unary(op, x) if *op != UnOp::Not => steps.push((k, Step::Unary(*op, arg(x.0)))),
@@ -143,11 +211,7 @@ impl<T: Float> Fused<T> {
             }
         }
         let outputs = prog.outputs.iter().map(|v| arg(v.0)).collect();
-        #[cfg(target_arch = "x86_64")]
-        let avx2 = std::arch::is_x86_feature_detected!("avx2");
-        #[cfg(not(target_arch = "x86_64"))]
-        let avx2 = false;
-        Some(Fused { nodes: prog.nodes.len(), consts, steps, outputs, avx2 })
+        Some(Fused { nodes: prog.nodes.len(), consts, steps, outputs, widen, narrow, simd })
     }
 
     /// Registers for [`Fused::run`], the constants filled in.
@@ -174,24 +238,8 @@ impl<T: Float> Fused<T> {
         streaming: bool,
     ) {
         debug_assert_eq!((end - start) % LANES, 0);
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            // SAFETY: the caller's contract; the CPU has AVX2.
-            return unsafe { self.run_avx2(regs, start, end, outs, streaming) };
-        }
         // SAFETY: the caller's contract.
-        unsafe { self.body(regs, start, end, outs, streaming) }
-    }
-
-    /// [`Fused::run`] compiled for AVX2.
-    ///
-    /// # Safety
-    /// As `run`'s, and the CPU has AVX2.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn run_avx2(&self, regs: &mut [Slot<T>], start: usize, end: usize, outs: &[(Ptr, isize)], streaming: bool) {
-        // SAFETY: the caller's contract.
-        unsafe { self.body(regs, start, end, outs, streaming) }
+        unsafe { run_at(self.simd, self, regs, start, end, outs, streaming) }
     }
 
     /// The loop of [`Fused::run`].
@@ -214,6 +262,11 @@ impl<T: Float> Fused<T> {
             }
         }
         for i in (start..end).step_by(LANES) {
+            for &(k, p, h) in &self.widen {
+                // SAFETY: the caller's contract: a contiguous load holds every flat index of the
+                // loop, 2-byte halves.
+                unsafe { T::widen(h, p.0.add(2 * i), &mut regs[k].0) };
+            }
             for &(k, step) in &self.steps {
                 let (done, rest) = regs.split_at_mut(k);
                 let o = &mut rest[0].0;
@@ -225,18 +278,43 @@ impl<T: Float> Fused<T> {
                     }
                 }
             }
-            for (&a, &(p, off)) in self.outputs.iter().zip(outs) {
+            for ((&a, &(p, off)), &h) in self.outputs.iter().zip(outs).zip(&self.narrow) {
                 // SAFETY: the caller's contract.
                 unsafe {
                     let v = lanes(regs, a, i);
-                    let dst = p.0.cast::<T>().offset(off + i as isize);
-                    if streaming {
-                        reg::stream(v, dst);
-                    } else {
-                        std::ptr::copy_nonoverlapping(v.as_ptr(), dst, LANES);
+                    match h {
+                        None => {
+                            let dst = p.0.cast::<T>().offset(off + i as isize);
+                            if streaming {
+                                reg::stream(v, dst);
+                            } else {
+                                std::ptr::copy_nonoverlapping(v.as_ptr(), dst, LANES);
+                            }
+                        }
+                        Some(h) => {
+                            let mut bits = [0u16; LANES];
+                            T::narrow(h, v, &mut bits);
+                            let dst = p.0.cast::<u16>().offset(off + i as isize);
+                            if streaming {
+                                reg::stream(&bits, dst);
+                            } else {
+                                std::ptr::copy_nonoverlapping(bits.as_ptr(), dst, LANES);
+                            }
+                        }
                     }
                 }
             }
         }
+    }
+}
+
+crate::simd_fn! {
+    /// [`Fused::run`]'s loop built for the level.
+    ///
+    /// # Safety
+    /// As [`Fused::run`]'s.
+    unsafe fn run_at<T: Float>(simd: Simd, f: &Fused<T>, regs: &mut [Slot<T>], start: usize, end: usize, outs: &[(Ptr, isize)], streaming: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { f.body(regs, start, end, outs, streaming) }
     }
 }

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use super::contract::{Dims, View};
 use super::eval::Ptr;
-use crate::Element;
+use crate::{Element, Simd};
 
 /// Rows of the output per task.
 const ROWS: usize = 32;
@@ -39,72 +39,36 @@ impl Wrapping for i64 {
     }
 }
 
-/// One task's rows: `c [rows, n] += a [rows, k] · b [k, n]`, `b` C-contiguous rows of `n`.
-///
-/// # Safety
-/// `a` addresses `rows × k` Ts through strides `(sr, sk)` and `b` `k × n` Ts in C order.
-#[inline(always)]
-unsafe fn rows_body<T: Wrapping>(c: &mut [T], n: usize, k: usize, a: *const T, sr: isize, sk: isize, b: *const T) {
-    let rows = c.len() / n;
-    for n0 in (0..n).step_by(NT) {
-        let nw = NT.min(n - n0);
-        for k0 in (0..k).step_by(KT) {
-            let kw = KT.min(k - k0);
-            for r in 0..rows {
-                let out = &mut c[r * n + n0..r * n + n0 + nw];
-                for kk in k0..k0 + kw {
-                    // SAFETY: the caller's contract; r < rows, kk < k, n0 + nw <= n.
-                    let (x, row) = unsafe {
-                        (
-                            *a.offset(r as isize * sr + kk as isize * sk),
-                            std::slice::from_raw_parts(b.add(kk * n + n0), nw),
-                        )
-                    };
-                    for (o, &y) in out.iter_mut().zip(row) {
-                        *o = o.mul_add(x, y);
+crate::simd_fn! {
+    /// One task's rows: `c [rows, n] += a [rows, k] · b [k, n]`, `b` C-contiguous rows of `n`,
+    /// built for the level.
+    ///
+    /// # Safety
+    /// `a` addresses `rows × k` Ts through strides `(sr, sk)` and `b` `k × n` Ts in C order.
+    unsafe fn rows<T: Wrapping>(simd: Simd, c: &mut [T], n: usize, k: usize, a: *const T, sr: isize, sk: isize, b: *const T) {
+        let rows = c.len() / n;
+        for n0 in (0..n).step_by(NT) {
+            let nw = NT.min(n - n0);
+            for k0 in (0..k).step_by(KT) {
+                let kw = KT.min(k - k0);
+                for r in 0..rows {
+                    let out = &mut c[r * n + n0..r * n + n0 + nw];
+                    for kk in k0..k0 + kw {
+                        // SAFETY: the caller's contract; r < rows, kk < k, n0 + nw <= n.
+                        let (x, row) = unsafe {
+                            (
+                                *a.offset(r as isize * sr + kk as isize * sk),
+                                std::slice::from_raw_parts(b.add(kk * n + n0), nw),
+                            )
+                        };
+                        for (o, &y) in out.iter_mut().zip(row) {
+                            *o = o.mul_add(x, y);
+                        }
                     }
                 }
             }
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-unsafe fn rows_avx512<T: Wrapping>(c: &mut [T], n: usize, k: usize, a: *const T, sr: isize, sk: isize, b: *const T) {
-    // SAFETY: the caller's contract.
-    unsafe { rows_body(c, n, k, a, sr, sk, b) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn rows_avx2<T: Wrapping>(c: &mut [T], n: usize, k: usize, a: *const T, sr: isize, sk: isize, b: *const T) {
-    // SAFETY: the caller's contract.
-    unsafe { rows_body(c, n, k, a, sr, sk, b) }
-}
-
-/// `rows_body` built for the best instruction set this CPU has.
-///
-/// # Safety
-/// As `rows_body`.
-unsafe fn rows<T: Wrapping>(c: &mut [T], n: usize, k: usize, a: *const T, sr: isize, sk: isize, b: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-        {
-            // SAFETY: the features are present; the caller's contract.
-            return unsafe { rows_avx512(c, n, k, a, sr, sk, b) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: as above.
-            return unsafe { rows_avx2(c, n, k, a, sr, sk, b) };
-        }
-    }
-    // SAFETY: the caller's contract.
-    unsafe { rows_body(c, n, k, a, sr, sk, b) }
 }
 
 /// `dst[b] (+)= lhs[b] · rhs[b]` for every batch `b` (`add`: onto what `dst` holds), wrapping,
@@ -143,7 +107,7 @@ pub(crate) unsafe fn int_product<T: Wrapping>(d: &Dims, dst: Ptr, lhs: View, rhs
             let a = (a as *const T).wrapping_offset((t * ROWS) as isize * sr);
             // SAFETY: the caller's contract; this task's rows start at row t·ROWS; `b` holds
             // k rows of n in C order (`rhs` in place, or `packed`, alive until the loop ends).
-            unsafe { rows(chunk, d.n, d.k, a, sr, sk, b as *const T) }
+            unsafe { rows(d.simd, chunk, d.n, d.k, a, sr, sk, b as *const T) }
         });
         drop(packed);
     }

@@ -32,6 +32,7 @@ pub(crate) fn map(
     } else {
         n.div_ceil(par.threads().saturating_mul(4)).clamp(BLOCK, TASK)
     };
+    let simd = par.simd();
     through_door(par, "map", Some((Work::Map, n)), dsts, loads, move |dsts, loads, execute| {
         let (prog, shape) = (&prog, &shape[..]);
         if dsts.iter().any(|d| d.layout().shape() != shape) {
@@ -51,9 +52,9 @@ pub(crate) fn map(
         let outs: Vec<(Ptr, isize, crate::Dtype)> =
             dsts.iter().map(|d| (Ptr::of(*d), d.layout().offset(), d.dtype())).collect();
         let dtypes: Vec<_> = outs.iter().map(|o| o.2).collect();
-        if let Some(f) = Fused::<f32>::new(&bound, &dtypes) {
+        if let Some(f) = Fused::<f32>::new(simd, &bound, &dtypes) {
             run(&bound, Some(&f), &outs, task);
-        } else if let Some(f) = Fused::<f64>::new(&bound, &dtypes) {
+        } else if let Some(f) = Fused::<f64>::new(simd, &bound, &dtypes) {
             run(&bound, Some(&f), &outs, task);
         } else {
             run::<f32>(&bound, None, &outs, task);

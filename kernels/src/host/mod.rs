@@ -33,14 +33,31 @@
 //! - **fft** (complex and real forms, every length), **matrix routines** (Cholesky, triangular
 //!   and LU solves, QR, SVD, eigh, eig) on `f32`, `f64`, `c64`, `c128`.
 //!
+//! # Instruction sets
+//!
+//! A library runs at one [`crate::Simd`] level: the highest the CPU has, or lower where
+//! [`HostOptions::simd`] caps it (a cap above the CPU's level is lowered to it), read with
+//! [`Host::simd`]. Loops written once ([`crate::simd_fn!`]: sums, the lane-fused maps, sort keys,
+//! integer products, attention's rows, and the collectives' reduction loops) are built for
+//! AVX-512, AVX2 and the baseline; the kernels written with intrinsics (the f32 and bf16 product
+//! tiles, attention's row maxima and exponentials) have a path per level. Every level computes
+//! the same operations in the same order, so the bits are the same at every level (tested level
+//! by level against the baseline and against f64 loops: `tests/simd_levels.rs`), but for the
+//! bf16 product at `avx512bf16`, whose instruction flushes subnormals (NaN payloads may differ).
+//! What other crates compute (faer's f64 and complex products and factorisations, rustfft,
+//! `half`'s F16C conversions) follows the CPU, not the level. Copies alone
+//! (streaming stores, the 4 KiB-alias copy) pick their load width by the CPU, whatever the
+//! level: they move bytes, and each build is tested directly.
+//!
 //! # Algorithms
 //!
 //! - **Loops** run in tasks of 2¹⁶ flat indices over the rayon pool, so a chain of maps reads and
 //!   writes memory once. A program whose live nodes are all of one float type (`f32` or `f64`) —
 //!   loads of contiguous operands of that dtype, constants, real unary and binary ops — into
-//!   destinations of that dtype runs *lane-fused*: the whole program over 128 indices held in small
+//!   destinations of that dtype (or, for `f32`, contiguous bf16 and f16 loads and destinations,
+//!   widened into and narrowed from the lanes by the register evaluator's own conversions) runs *lane-fused*: the whole program over 128 indices held in small
 //!   cache-line aligned arrays, then the next 128, loads read in place and outputs stored straight
-//!   from the lanes (compiled a second time for AVX2 where the CPU has it); its reads and writes
+//!   from the lanes (built for AVX-512, AVX2 and the baseline, the library's level picking); its reads and writes
 //!   interleave as a hand-fused loop's do. Every other program runs over blocks of 2048 indices
 //!   held in typed registers (one per node): a load of a contiguous operand that needs no
 //!   conversion (`f32`, `f64`, `i64`, `u64`, `c64`, `c128`) is read in place, other loads convert
@@ -54,8 +71,8 @@
 //!   of two, then the rest). A task combines the partials of 16 aligned chunks before they leave
 //!   it — the tree splits only at multiples of 16, so this is the same tree. A lone `Sum` of an
 //!   operand read in place sums its chunks straight from memory, typed, with the chunk loop
-//!   compiled for AVX2 where the CPU has it (the same additions in the same order: the same bits;
-//!   twice the cache lines in flight as SSE2's loads). `Logsumexp` keeps per chunk the maximum m
+//!   built for the library's level (the same additions in the same order: the same bits; wider
+//!   loads keep more cache lines in flight than SSE2's). `Logsumexp` keeps per chunk the maximum m
 //!   and Σ exp(x − m) in `f64` and combines by rescaling; `Moments` keeps per chunk the count,
 //!   the mean and the sum of squared deviations (two passes over the chunk, in `f64`) and combines
 //!   by Chan's formula, so the variance is a sum of non-negative terms: never negative. Nothing
@@ -120,7 +137,7 @@
 //!   bits depend on the contracting extent alone, the same on AVX-512, AVX2 and plain tiles, any
 //!   thread count, and for a row or column alone or in any matrix. bf16 operands into a bf16
 //!   destination run the bf16 kit (`bgemm`): the same blocks, each pair of contracting indices
-//!   added odd index first (`vdpbf16ps`'s order, which it runs where the CPU has AVX-512 BF16;
+//!   added odd index first (`vdpbf16ps`'s order, which it runs where the library's level has AVX-512 BF16;
 //!   elsewhere the f32 tiles over operands widened as packed, in that order: the same bits, but
 //!   for subnormals, which the instruction flushes to zero, and NaN payloads). Other bf16
 //!   contractions (scaled, segmented, or into another dtype) widen into `f32` and run `sgemm` in
@@ -285,6 +302,12 @@ impl Host {
     /// Returns the observer watching this library, where one does.
     pub fn observer(&self) -> Option<&Arc<dyn crate::observe::Observer>> {
         self.par.observer()
+    }
+
+    /// Returns the SIMD level this library's kernels run: its [`HostOptions::simd`] cap, lowered
+    /// to what the CPU has.
+    pub fn simd(&self) -> crate::Simd {
+        self.par.simd()
     }
 
     /// Returns the threads of this library's pool.

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::facts::{arch_string, Cores};
-use crate::{Error, Result};
+use crate::{Error, Result, Simd};
 
 /// A kind of host work with its own threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,6 +116,10 @@ pub struct HostOptions {
     pub convert: Option<usize>,
     /// Where measured thresholds are kept.
     pub store: Store,
+    /// The highest SIMD level the kernels may use (default: all the CPU has; a level above the
+    /// CPU's is lowered to it): [`Simd::Baseline`] forces the portable path of every kernel nx writes
+    /// (faer, rustfft and `half` pick theirs by the CPU).
+    pub simd: Option<Simd>,
 }
 
 /// Where a library's thresholds came from.
@@ -141,6 +145,8 @@ pub(crate) struct Par {
     forced: Option<usize>,
     /// What watches this library's calls.
     observer: Option<Arc<dyn crate::observe::Observer>>,
+    /// The SIMD level its kernels run.
+    simd: Simd,
 }
 
 impl Par {
@@ -167,6 +173,7 @@ impl Par {
                 });
             }
         }
+        let simd = Simd::capped(options.simd);
         Ok(Arc::new(Par {
             threads,
             cores_source,
@@ -175,7 +182,13 @@ impl Par {
             measured: Arc::default(),
             forced: None,
             observer: None,
+            simd,
         }))
+    }
+
+    /// The SIMD level the library's kernels run.
+    pub(crate) fn simd(&self) -> Simd {
+        self.simd
     }
 
     pub(crate) fn threads(&self) -> usize {
@@ -327,6 +340,7 @@ impl Par {
             measured: Arc::default(),
             forced: None,
             observer: None,
+            simd: self.simd,
         }
     }
 
@@ -340,6 +354,7 @@ impl Par {
             measured: self.measured.clone(),
             forced: self.forced,
             observer,
+            simd: self.simd,
         })
     }
 

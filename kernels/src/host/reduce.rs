@@ -11,7 +11,7 @@ use crate::door::Operand;
 use crate::kernels::{Extreme, Reduction};
 use crate::layout::extent_product;
 use crate::prog::{reduce_refusal, Prog, Ty};
-use crate::{Answer, Dtype, Element, Value};
+use crate::{Answer, Dtype, Element, Simd, Value};
 
 /// Terms a chunk holds.
 pub(crate) const CHUNK: usize = 2048;
@@ -212,49 +212,30 @@ enum Partial<T> {
     Mom { n: f64, mean: f64, m2: f64, pinf: bool, ninf: bool, nan: bool },
 }
 
-/// The sum of a chunk in its documented association (8 lanes, each in order, then a fixed tree);
-/// where the CPU has AVX2 the same loop compiled for it: the same additions in the same order, so
-/// the same bits, with half the load instructions, which keeps twice the cache lines in flight
-/// (over one huge-page array here the AVX2 build read 10–20% faster than the SSE2 build).
-fn sum_chunk<T: Term>(xs: &[T]) -> T {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        return unsafe { sum_chunk_avx2(xs) };
-    }
-    sum_lanes(xs)
-}
-
-/// [`sum_chunk`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn sum_chunk_avx2<T: Term>(xs: &[T]) -> T {
-    sum_lanes(xs)
-}
-
-/// The loop of [`sum_chunk`].
-#[inline(always)]
-fn sum_lanes<T: Term>(xs: &[T]) -> T {
-    let mut l = [T::ZERO; 8];
-    let mut it = xs.chunks_exact(8);
-    for c in &mut it {
-        let c: &[T; 8] = c.try_into().expect("chunks of 8");
-        for k in 0..8 {
-            l[k] = l[k].add(c[k]);
+crate::simd_fn! {
+    /// The sum of a chunk in its documented association (8 lanes, each in order, then a fixed
+    /// tree), built for the level: the same additions in the same order, so the same bits, where
+    /// the wider builds take fewer load instructions, which keeps more cache lines in flight (over
+    /// one huge-page array on the Zen 3 VM the AVX2 build read 10–20% faster than the SSE2 build).
+    fn sum_chunk<T: Term>(simd: Simd, xs: &[T]) -> T {
+        let mut l = [T::ZERO; 8];
+        let mut it = xs.chunks_exact(8);
+        for c in &mut it {
+            let c: &[T; 8] = c.try_into().expect("chunks of 8");
+            for k in 0..8 {
+                l[k] = l[k].add(c[k]);
+            }
         }
+        for (k, &x) in it.remainder().iter().enumerate() {
+            l[k] = l[k].add(x);
+        }
+        (l[0].add(l[1]).add(l[2].add(l[3]))).add(l[4].add(l[5]).add(l[6].add(l[7])))
     }
-    for (k, &x) in it.remainder().iter().enumerate() {
-        l[k] = l[k].add(x);
-    }
-    (l[0].add(l[1]).add(l[2].add(l[3]))).add(l[4].add(l[5]).add(l[6].add(l[7])))
 }
 
-fn chunk<T: Term>(r: Reduction, xs: &[T], base: i64) -> Partial<T> {
+fn chunk<T: Term>(simd: Simd, r: Reduction, xs: &[T], base: i64) -> Partial<T> {
     match r {
-        Reduction::Sum => Partial::Sum(sum_chunk(xs)),
+        Reduction::Sum => Partial::Sum(sum_chunk(simd, xs)),
         Reduction::Prod => Partial::Prod(xs[1..].iter().fold(xs[0], |a, &x| a.mul(x))),
         Reduction::Max => Partial::Ext(xs[1..].iter().fold(xs[0], |a, &x| a.max(x))),
         Reduction::Min => Partial::Ext(xs[1..].iter().fold(xs[0], |a, &x| a.min(x))),
@@ -407,25 +388,27 @@ enum AnyPartial {
     Z(Partial<Complex64>),
 }
 
-fn chunk_any(r: Reduction, src: Src<'_>, base: i64) -> AnyPartial {
+fn chunk_any(simd: Simd, r: Reduction, src: Src<'_>, base: i64) -> AnyPartial {
     match src {
-        Src::B(v) => AnyPartial::B(chunk(r, v, base)),
-        Src::I(v) => AnyPartial::I(chunk(r, v, base)),
-        Src::U(v) => AnyPartial::U(chunk(r, v, base)),
-        Src::F(v) => AnyPartial::F(chunk(r, v, base)),
-        Src::D(v) => AnyPartial::D(chunk(r, v, base)),
-        Src::C(v) => AnyPartial::C(chunk(r, v, base)),
-        Src::Z(v) => AnyPartial::Z(chunk(r, v, base)),
+        Src::B(v) => AnyPartial::B(chunk(simd, r, v, base)),
+        Src::I(v) => AnyPartial::I(chunk(simd, r, v, base)),
+        Src::U(v) => AnyPartial::U(chunk(simd, r, v, base)),
+        Src::F(v) => AnyPartial::F(chunk(simd, r, v, base)),
+        Src::D(v) => AnyPartial::D(chunk(simd, r, v, base)),
+        Src::C(v) => AnyPartial::C(chunk(simd, r, v, base)),
+        Src::Z(v) => AnyPartial::Z(chunk(simd, r, v, base)),
     }
 }
 
 /// The partials of `r` over each run of [`CHUNK`] terms of `src` (the last may be shorter),
 /// appended to `out`; `base` is the first term's position. One dispatch on the type for the runs.
-fn chunks_any(r: Reduction, src: Src<'_>, base: i64, out: &mut Vec<AnyPartial>) {
+fn chunks_any(simd: Simd, r: Reduction, src: Src<'_>, base: i64, out: &mut Vec<AnyPartial>) {
     macro_rules! go {
         ($v:ident, $xs:expr) => {
             out.extend(
-                $xs.chunks(CHUNK).enumerate().map(|(k, c)| AnyPartial::$v(chunk(r, c, base + (k * CHUNK) as i64))),
+                $xs.chunks(CHUNK)
+                    .enumerate()
+                    .map(|(k, c)| AnyPartial::$v(chunk(simd, r, c, base + (k * CHUNK) as i64))),
             )
         };
     }
@@ -443,10 +426,10 @@ fn chunks_any(r: Reduction, src: Src<'_>, base: i64, out: &mut Vec<AnyPartial>) 
 /// The sum of `xs` as a run of whole chunks from a chunk boundary (the last may be shorter): each
 /// chunk summed, the chunks' partials combined by the pairwise tree, all typed. The same bits as
 /// [`chunks_any`] then [`tree_any`], without a dispatch per chunk.
-fn sum_run<T: Term>(xs: &[T]) -> Partial<T> {
+fn sum_run<T: Term>(simd: Simd, xs: &[T]) -> Partial<T> {
     const STACK: usize = 64;
     let k = xs.len().div_ceil(CHUNK);
-    let mut sums = xs.chunks(CHUNK).map(sum_chunk);
+    let mut sums = xs.chunks(CHUNK).map(|c| sum_chunk(simd, c));
     let add = |a: T, b: T| a.add(b);
     Partial::Sum(
         if k <= STACK {
@@ -461,25 +444,25 @@ fn sum_run<T: Term>(xs: &[T]) -> Partial<T> {
 }
 
 /// [`sum_run`] of any term type.
-fn sum_run_any(src: Src<'_>) -> AnyPartial {
+fn sum_run_any(simd: Simd, src: Src<'_>) -> AnyPartial {
     match src {
-        Src::B(v) => AnyPartial::B(sum_run(v)),
-        Src::I(v) => AnyPartial::I(sum_run(v)),
-        Src::U(v) => AnyPartial::U(sum_run(v)),
-        Src::F(v) => AnyPartial::F(sum_run(v)),
-        Src::D(v) => AnyPartial::D(sum_run(v)),
-        Src::C(v) => AnyPartial::C(sum_run(v)),
-        Src::Z(v) => AnyPartial::Z(sum_run(v)),
+        Src::B(v) => AnyPartial::B(sum_run(simd, v)),
+        Src::I(v) => AnyPartial::I(sum_run(simd, v)),
+        Src::U(v) => AnyPartial::U(sum_run(simd, v)),
+        Src::F(v) => AnyPartial::F(sum_run(simd, v)),
+        Src::D(v) => AnyPartial::D(sum_run(simd, v)),
+        Src::C(v) => AnyPartial::C(sum_run(simd, v)),
+        Src::Z(v) => AnyPartial::Z(sum_run(simd, v)),
     }
 }
 
 /// The sums of consecutive rows of `terms` terms of `src` (a whole number of rows), each as
 /// [`sum_run`] then finished, given to `f` with the row's position: one dispatch on the type for
 /// every row, no partial leaving its row (the same bits as [`sum_run_any`] then [`finish_any`]).
-fn sum_rows_any(src: Src<'_>, terms: usize, mut f: impl FnMut(usize, (Value, Option<Value>))) {
+fn sum_rows_any(simd: Simd, src: Src<'_>, terms: usize, mut f: impl FnMut(usize, (Value, Option<Value>))) {
     each_src!(src, v => {
         for (k, row) in v.chunks(terms).enumerate() {
-            f(k, finish(Reduction::Sum, Some(sum_run(row))));
+            f(k, finish(Reduction::Sum, Some(sum_run(simd, row))));
         }
     })
 }
@@ -544,6 +527,8 @@ struct Job<'a> {
     /// Per reduction, its destinations: (address, offset, dtype).
     outs: Vec<Vec<(Ptr, isize, Dtype)>>,
     terms: usize,
+    /// The SIMD level the chunk loops run.
+    simd: Simd,
 }
 
 impl Job<'_> {
@@ -561,7 +546,7 @@ impl Job<'_> {
     ) {
         for (i, &r) in self.reductions.iter().enumerate() {
             let src = self.bound.output(regs, i, start, block).slice(off..off + len);
-            out.push(chunk_any(r, src, base as i64));
+            out.push(chunk_any(self.simd, r, src, base as i64));
         }
     }
 
@@ -606,14 +591,20 @@ impl Job<'_> {
         let n = self.reductions.len();
         if n == 1 {
             let src = self.bound.output(regs, 0, o * self.terms + start, end - start);
-            chunks_any(self.reductions[0], src, start as i64, out);
+            chunks_any(self.simd, self.reductions[0], src, start as i64, out);
             return;
         }
         // chunk-major: every reduction's partial of chunk j0, then of j0 + 1, …
         let mut per: Vec<Vec<AnyPartial>> = Vec::with_capacity(n);
         for (i, &r) in self.reductions.iter().enumerate() {
             let mut v = Vec::with_capacity(j1 - j0);
-            chunks_any(r, self.bound.output(regs, i, o * self.terms + start, end - start), start as i64, &mut v);
+            chunks_any(
+                self.simd,
+                r,
+                self.bound.output(regs, i, o * self.terms + start, end - start),
+                start as i64,
+                &mut v,
+            );
             per.push(v);
         }
         for k in 0..j1 - j0 {
@@ -657,7 +648,7 @@ pub(crate) fn reduce(
     let (prog, shape, reductions) = (prog.clone(), shape.to_vec(), reductions.to_vec());
     let read = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).unwrap_or(usize::MAX);
     // inline: every loop below in order on the calling thread
-    let (inline, threads) = (par.inline(Work::Reduce, read), par.threads());
+    let (inline, threads, simd) = (par.inline(Work::Reduce, read), par.threads(), par.simd());
     through_door(par, "reduce", Some((Work::Reduce, read)), dsts, loads, move |dsts, loads, run| {
         let (prog, shape, reductions) = (&prog, &shape[..], &reductions[..]);
         if dsts.iter().any(|d| d.layout().shape() != out_shape) {
@@ -693,7 +684,7 @@ pub(crate) fn reduce(
             );
             k += r.destinations();
         }
-        let job = Job { bound: &bound, reductions, outs, terms };
+        let job = Job { bound: &bound, reductions, outs, terms, simd };
         if terms == 0 {
             // SAFETY: the door holds the claims; each output is written once.
             (0..outputs).for_each(|o| unsafe { job.write(o, &[]) });
@@ -729,7 +720,7 @@ pub(crate) fn reduce(
                     let (o0, o1) = (b * per, ((b + 1) * per).min(outputs));
                     let rows = bound.output(&[], 0, o0 * terms, (o1 - o0) * terms);
                     // SAFETY: the door holds the claims; this task writes outputs o0..o1 alone.
-                    sum_rows_any(rows, terms, |k, values| unsafe { job.store(o0 + k, 0, values) });
+                    sum_rows_any(simd, rows, terms, |k, values| unsafe { job.store(o0 + k, 0, values) });
                 });
             } else if outputs >= 2 * threads {
                 for_each_init(
@@ -758,7 +749,7 @@ pub(crate) fn reduce(
                     if plain_sum {
                         let one = |(b, slot): (usize, &mut AnyPartial)| {
                             let (lo, hi) = (b * block_terms, ((b + 1) * block_terms).min(terms));
-                            *slot = sum_run_any(bound.output(&[], 0, o * terms + lo, hi - lo));
+                            *slot = sum_run_any(simd, bound.output(&[], 0, o * terms + lo, hi - lo));
                         };
                         if inline {
                             ps.iter_mut().enumerate().for_each(one);

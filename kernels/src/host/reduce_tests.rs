@@ -57,40 +57,37 @@ fn cbits(z: Complex32) -> (u32, u32) {
 #[test]
 fn the_chunk_loop_and_the_run_follow_the_documented_association() {
     // the all-negative-zero chunk: lanes start from +0, so the sum is +0
-    assert_eq!(sum_lanes(&[-0.0f32; 9]).to_bits(), 0.0f32.to_bits());
+    assert_eq!(sum_chunk(Simd::Baseline, &[-0.0f32; 9]).to_bits(), 0.0f32.to_bits());
     for n in [0, 1, 7, 8, 9, 31, 2047, 2048, 2049, 3 * 2048 + 5, 5 * 2048, 9 * 2048 + 1] {
         let (xs, ds, zs) = terms(n);
         let c = n.min(2048);
-        assert_eq!(sum_lanes(&xs[..c]).to_bits(), naive_chunk(&xs[..c]).to_bits(), "f32 chunk, {n}");
-        assert_eq!(sum_lanes(&ds[..c]).to_bits(), naive_chunk(&ds[..c]).to_bits(), "f64 chunk, {n}");
-        assert_eq!(cbits(sum_lanes(&zs[..c])), cbits(naive_chunk(&zs[..c])), "c64 chunk, {n}");
-        // the run (its chunk loop the AVX2 build where the CPU has it)
-        let Partial::Sum(r) = sum_run(&xs) else { unreachable!() };
+        assert_eq!(sum_chunk(Simd::Baseline, &xs[..c]).to_bits(), naive_chunk(&xs[..c]).to_bits(), "f32 chunk, {n}");
+        assert_eq!(sum_chunk(Simd::Baseline, &ds[..c]).to_bits(), naive_chunk(&ds[..c]).to_bits(), "f64 chunk, {n}");
+        assert_eq!(cbits(sum_chunk(Simd::Baseline, &zs[..c])), cbits(naive_chunk(&zs[..c])), "c64 chunk, {n}");
+        // the run (its chunk loop the build of the CPU's level)
+        let Partial::Sum(r) = sum_run(Simd::detected(), &xs) else { unreachable!() };
         assert_eq!(r.to_bits(), naive_run(&xs).to_bits(), "f32 run, {n}");
-        let Partial::Sum(r) = sum_run(&ds) else { unreachable!() };
+        let Partial::Sum(r) = sum_run(Simd::detected(), &ds) else { unreachable!() };
         assert_eq!(r.to_bits(), naive_run(&ds).to_bits(), "f64 run, {n}");
-        let Partial::Sum(r) = sum_run(&zs) else { unreachable!() };
+        let Partial::Sum(r) = sum_run(Simd::detected(), &zs) else { unreachable!() };
         assert_eq!(cbits(r), cbits(naive_run(&zs)), "c64 run, {n}");
     }
 }
 
-/// The chunk loop compiled for AVX2 gives the baseline build's bits and the naive
-/// association's (on a CPU without AVX2 the baseline is checked by the test above).
+/// The chunk loop at every level this CPU runs gives the baseline build's bits and the naive
+/// association's (the baseline is checked on every CPU).
 #[test]
-fn the_avx2_chunk_loop_gives_the_baseline_bits() {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+fn every_level_of_the_chunk_loop_gives_the_baseline_bits() {
+    for simd in Simd::available_levels() {
         for n in [0, 1, 7, 8, 9, 31, 2047, 2048] {
             let (xs, ds, zs) = terms(n);
-            // SAFETY: the CPU has AVX2.
-            unsafe {
-                assert_eq!(sum_chunk_avx2(&xs).to_bits(), sum_lanes(&xs).to_bits(), "f32, {n}");
-                assert_eq!(sum_chunk_avx2(&xs).to_bits(), naive_chunk(&xs).to_bits(), "f32 naive, {n}");
-                assert_eq!(sum_chunk_avx2(&ds).to_bits(), sum_lanes(&ds).to_bits(), "f64, {n}");
-                assert_eq!(sum_chunk_avx2(&ds).to_bits(), naive_chunk(&ds).to_bits(), "f64 naive, {n}");
-                assert_eq!(cbits(sum_chunk_avx2(&zs)), cbits(sum_lanes(&zs)), "c64, {n}");
-                assert_eq!(cbits(sum_chunk_avx2(&zs)), cbits(naive_chunk(&zs)), "c64 naive, {n}");
-            }
+            assert_eq!(sum_chunk(simd, &xs).to_bits(), naive_chunk(&xs).to_bits(), "f32 {simd}, {n}");
+            assert_eq!(sum_chunk(simd, &ds).to_bits(), naive_chunk(&ds).to_bits(), "f64 {simd}, {n}");
+            assert_eq!(cbits(sum_chunk(simd, &zs)), cbits(naive_chunk(&zs)), "c64 {simd}, {n}");
+            let (is, us) =
+                (xs.iter().map(|&x| (x * 1e6) as i64).collect::<Vec<_>>(), (0..n as u64).collect::<Vec<_>>());
+            assert_eq!(sum_chunk(simd, &is), is.iter().fold(0i64, |a, &x| a.wrapping_add(x)), "i64 {simd}, {n}");
+            assert_eq!(sum_chunk(simd, &us), us.iter().sum::<u64>(), "u64 {simd}, {n}");
         }
     }
 }

@@ -404,11 +404,7 @@ pub(crate) unsafe fn load_run(d: Dtype, src: *const u8, n: usize, out: &mut Reg)
             // SAFETY: as above.
             let s = unsafe { std::slice::from_raw_parts(src.cast::<bf16>(), n) };
             for (o, x) in v.spare_capacity_mut().iter_mut().zip(s) {
-                // bf16::to_f32 without a branch, so that the loop vectorises: the bits widened, a
-                // NaN made quiet
-                let b = u32::from(x.to_bits());
-                let w = b << 16;
-                o.write(f32::from_bits(if b & 0x7FFF > 0x7F80 { w | 0x0040_0000 } else { w }));
+                o.write(widen_bf16(x.to_bits()));
             }
             // SAFETY: the loop initialised the first n elements (reserved above).
             unsafe { v.set_len(n) };
@@ -417,11 +413,53 @@ pub(crate) unsafe fn load_run(d: Dtype, src: *const u8, n: usize, out: &mut Reg)
             v.clear();
             v.resize(n, 0.0);
             // SAFETY: as above.
-            let s = unsafe { std::slice::from_raw_parts(src.cast::<f16>(), n) };
-            half::slice::HalfFloatSliceExt::convert_to_f32_slice(s, v);
+            let s = unsafe { std::slice::from_raw_parts(src.cast::<u16>(), n) };
+            widen_f16(s, v);
         }
         // SAFETY: the caller's contract.
         _ => unsafe { load(d, src, &mut (0..n as isize), out) },
+    }
+}
+
+/// A bf16's bits widened to `f32` without a branch, so that a loop of it vectorises: the bits
+/// shifted, a NaN made quiet (both evaluators widen by it).
+#[inline(always)]
+pub(crate) fn widen_bf16(x: u16) -> f32 {
+    let b = u32::from(x);
+    let w = b << 16;
+    f32::from_bits(if b & 0x7FFF > 0x7F80 { w | 0x0040_0000 } else { w })
+}
+
+/// `x` rounded to bf16 as [`f32_to_bf16`] (nearest, ties to even, every NaN the quiet one), as
+/// bits.
+#[inline(always)]
+pub(crate) fn narrow_bf16(x: f32) -> u16 {
+    f32_to_bf16(x).to_bits()
+}
+
+/// f16 bits (as `u16`s) widened to `f32` exactly, into `out` (as long): `half`'s slice conversion
+/// (F16C where the CPU has it).
+#[inline(always)]
+pub(crate) fn widen_f16(bits: &[u16], out: &mut [f32]) {
+    half::slice::HalfFloatSliceExt::convert_to_f32_slice(
+        half::slice::HalfBitsSliceExt::reinterpret_cast::<f16>(bits),
+        out,
+    );
+}
+
+/// `v` rounded to f16 bits into `out` (as long): F16C's conversion where the CPU has it
+/// (nearest, ties to even, as [`f32_to_f16`]), then every NaN made the quiet one
+/// [`f32_to_f16`] gives.
+#[inline(always)]
+pub(crate) fn narrow_f16(out: &mut [u16], v: &[f32]) {
+    half::slice::HalfFloatSliceExt::convert_from_f32_slice(
+        half::slice::HalfBitsSliceExt::reinterpret_cast_mut::<f16>(out),
+        v,
+    );
+    for (o, &x) in out.iter_mut().zip(v) {
+        if x.is_nan() {
+            *o = f32_to_f16(x).to_bits();
+        }
     }
 }
 
@@ -460,23 +498,12 @@ pub(crate) unsafe fn store(r: Src<'_>, d: Dtype, dst: *mut u8, streaming: bool) 
             unsafe { copy(v, dst.cast::<f64>()) }
         }
         // SAFETY: the caller's contract.
-        (Src::F(v), Dtype::F16) => unsafe {
-            narrow(v, dst.cast::<f16>(), streaming, |out, v| {
-                // F16C's conversion where the CPU has it (nearest, ties to even, as
-                // `f32_to_f16`), then every NaN made the quiet one `f32_to_f16` gives
-                half::slice::HalfFloatSliceExt::convert_from_f32_slice(out, v);
-                for (o, &x) in out.iter_mut().zip(v) {
-                    if x.is_nan() {
-                        *o = f32_to_f16(x);
-                    }
-                }
-            })
-        },
+        (Src::F(v), Dtype::F16) => unsafe { narrow(v, dst.cast::<u16>(), streaming, narrow_f16) },
         // SAFETY: the caller's contract.
         (Src::F(v), Dtype::BF16) => unsafe {
-            narrow(v, dst.cast::<bf16>(), streaming, |out, v| {
+            narrow(v, dst.cast::<u16>(), streaming, |out, v| {
                 for (o, &x) in out.iter_mut().zip(v) {
-                    *o = f32_to_bf16(x);
+                    *o = narrow_bf16(x);
                 }
             })
         },

@@ -7,7 +7,7 @@
 //! added to the output (or, in the first block of an overwriting product, stored). So an output's
 //! bits depend on `k` alone — not on `m`, `n`, where its row or column lies, the thread count or
 //! the instruction set: the AVX-512 tiles (12 × 32), the AVX2 ones (6 × 16) and the plain ones
-//! (scalar `mul_add`, 6 × 16) give the same bits, picked at run time by what the CPU has.
+//! (scalar `mul_add`, 6 × 16) give the same bits, picked by the library's SIMD level.
 //!
 //! Loop nest: for each [`NC`] columns and each block of the contracting axis, `B`'s block is
 //! packed into panels of the tile's width (zero-padded), then each [`MCHUNK`] rows of `A` into
@@ -18,6 +18,7 @@
 //! (AMD EPYC with AVX-512, data in the first level: the AVX2 tiles reach as much); see the
 //! README's benchmarks for whole products.
 
+use crate::Simd;
 use rayon::prelude::*;
 
 /// The contracting axis's block: an output's bits depend on `k` through it.
@@ -41,35 +42,31 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best kernel this CPU runs.
-    pub(crate) fn best() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
+    /// The best kernel a library at `simd` runs.
+    pub(crate) fn of(simd: Simd) -> Isa {
+        if simd.avx512() {
+            Isa::Avx512
+        } else if simd.avx2() {
+            Isa::Avx2
+        } else {
+            Isa::Plain
         }
-        Isa::Plain
+    }
+
+    /// The lowest level that runs the kernel.
+    #[cfg(test)]
+    pub(crate) fn level(self) -> Simd {
+        match self {
+            Isa::Avx512 => Simd::Avx512,
+            Isa::Avx2 => Simd::Avx2,
+            Isa::Plain => Simd::Baseline,
+        }
     }
 
     /// Whether this CPU runs the kernel.
     #[cfg(test)]
     pub(crate) fn available(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            match self {
-                Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-                Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
-                Isa::Plain => true,
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            self == Isa::Plain
-        }
+        self.level().available()
     }
 
     /// The tile: (rows, columns).
@@ -243,7 +240,7 @@ impl Kit for F32<'_> {
 /// # Safety
 /// `a`, `b` address live `f32`s over their extents; `c` addresses `m` rows of `n` writable `f32`s,
 /// no two rows sharing an element, that nothing else reads or writes meanwhile, disjoint from
-/// `a`'s and `b`'s; the CPU runs `isa` ([`Isa::best`] or below).
+/// `a`'s and `b`'s; the CPU runs `isa` ([`Isa::of`] a level the CPU has).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: Out, add: bool, parallel: bool) {
     // SAFETY: the caller's contract.
@@ -400,7 +397,7 @@ pub(crate) unsafe fn tile(
     add: bool,
 ) {
     debug_assert!(a.len() >= kc * isa.tile().0 && b.len() >= kc * isa.tile().1);
-    // SAFETY: the caller's contract; each kernel runs only where `Isa::best` found its features.
+    // SAFETY: the caller's contract; each kernel runs only where `Isa::of` found its features (the level's checks test the CPU).
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]

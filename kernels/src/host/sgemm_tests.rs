@@ -139,7 +139,7 @@ fn bits_do_not_depend_on_the_thread_count() {
     for threads in [1, 2, 3, 8] {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         let mut c = vec![f32::NAN; m * n];
-        pool.install(|| run(Isa::best(), m, n, k, &a, &b, &mut c, false, true));
+        pool.install(|| run(Isa::of(Simd::detected()), m, n, k, &a, &b, &mut c, false, true));
         let got = bits(&c);
         assert_eq!(*first.get_or_insert_with(|| got.clone()), got, "{threads} threads");
     }
@@ -184,15 +184,15 @@ fn a_row_has_the_same_bits_alone_as_in_any_matrix() {
     let mut g = Gen(9);
     let (a, b) = (g.fill(m * k), g.fill(k * n));
     let mut whole = vec![0f32; m * n];
-    run(Isa::best(), m, n, k, &a, &b, &mut whole, false, true);
+    run(Isa::of(Simd::detected()), m, n, k, &a, &b, &mut whole, false, true);
     for i in [0, 13, 49] {
         let mut row = vec![0f32; n];
-        run(Isa::best(), 1, n, k, &a[i * k..(i + 1) * k], &b, &mut row, false, false);
+        run(Isa::of(Simd::detected()), 1, n, k, &a[i * k..(i + 1) * k], &b, &mut row, false, false);
         assert_eq!(bits(&row), bits(&whole[i * n..(i + 1) * n]), "row {i}");
         // and a column alone
         let col: Vec<f32> = (0..k).map(|p| b[p * n + 5]).collect();
         let mut one = vec![0f32; 1];
-        run(Isa::best(), 1, 1, k, &a[i * k..(i + 1) * k], &col, &mut one, false, false);
+        run(Isa::of(Simd::detected()), 1, 1, k, &a[i * k..(i + 1) * k], &col, &mut one, false, false);
         assert_eq!(one[0].to_bits(), whole[i * n + 5].to_bits(), "row {i} column 5");
     }
 }

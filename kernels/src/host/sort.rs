@@ -10,7 +10,7 @@ use super::eval::Ptr;
 use super::lanes::Lanes;
 use super::{destinations, through_door};
 use crate::door::Operand;
-use crate::{Answer, Dtype, Element, Kind};
+use crate::{Answer, Dtype, Element, Kind, Simd};
 
 /// Lanes from this many elements sort by radix; shorter ones by the standard library's sort (of
 /// unique pairs: one order).
@@ -95,22 +95,16 @@ const BLOCK: usize = 64;
 
 /// Writes the keys (xor `flip`) of the next `keys.len()` elements of a lane, the element `t` of
 /// them at `at(t)`, `stride` elements apart: a contiguous lane read as a slice, in vector
-/// registers where the CPU has AVX2.
+/// registers at the library's level.
 #[inline(always)]
-fn block_keys<T: Key>(keys: &mut [u64], stride: isize, flip: u64, at: impl Fn(usize) -> *const u8) {
+fn block_keys<T: Key>(simd: Simd, keys: &mut [u64], stride: isize, flip: u64, at: impl Fn(usize) -> *const u8) {
     // booleans are read as bytes (`Element::load`): a byte of a bitcast array may be neither
     // 0 nor 1, so never through a `&[bool]`
     if stride == 1 && !keys.is_empty() && T::DTYPE != crate::Dtype::Bool {
         // SAFETY: the caller's elements: `keys.len()` of them from `at(0)`, contiguous and
         // aligned (a checked layout's), under the call's claims; every bit pattern is a `T`.
         let xs = unsafe { std::slice::from_raw_parts(at(0).cast::<T>(), keys.len()) };
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            unsafe { keys_avx2(keys, xs, flip) };
-            return;
-        }
-        keys_plain(keys, xs, flip);
+        keys_of(simd, keys, xs, flip);
         return;
     }
     for (t, key) in keys.iter_mut().enumerate() {
@@ -119,21 +113,13 @@ fn block_keys<T: Key>(keys: &mut [u64], stride: isize, flip: u64, at: impl Fn(us
     }
 }
 
-#[inline(always)]
-fn keys_plain<T: Key>(keys: &mut [u64], xs: &[T], flip: u64) {
-    for (key, &x) in keys.iter_mut().zip(xs) {
-        *key = x.key() ^ flip;
+crate::simd_fn! {
+    /// The keys (xor `flip`) of `xs`, into `keys`, built for the level.
+    fn keys_of<T: Key>(simd: Simd, keys: &mut [u64], xs: &[T], flip: u64) {
+        for (key, &x) in keys.iter_mut().zip(xs) {
+            *key = x.key() ^ flip;
+        }
     }
-}
-
-/// [`keys_plain`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn keys_avx2<T: Key>(keys: &mut [u64], xs: &[T], flip: u64) {
-    keys_plain(keys, xs, flip)
 }
 
 /// An element's key and position, ordered by key, then position.
@@ -245,6 +231,7 @@ pub(crate) fn sort(
         return Answer::Declined;
     }
     let (has_values, has_positions) = (values.is_some(), positions.is_some());
+    let simd = par.simd();
     through_door(par, "sort", None, &written, &[src], move |w, r, execute| {
         let src = r[0];
         let (values, positions) = match (has_values, has_positions) {
@@ -276,7 +263,7 @@ pub(crate) fn sort(
         let k = out[axis];
         macro_rules! go {
             ($t:ty) => {
-                lanes::<$t>(axis, descending, k, values, positions, src)
+                lanes::<$t>(simd, axis, descending, k, values, positions, src)
             };
         }
         match src.dtype() {
@@ -303,6 +290,7 @@ pub(crate) fn sort(
 }
 
 fn lanes<T: Key>(
+    simd: Simd,
     axis: usize,
     descending: bool,
     k: usize,
@@ -311,13 +299,14 @@ fn lanes<T: Key>(
     src: &dyn Operand,
 ) {
     if T::BYTES <= 4 {
-        run::<T, Packed>(axis, descending, k, values, positions, src)
+        run::<T, Packed>(simd, axis, descending, k, values, positions, src)
     } else {
-        run::<T, Wide>(axis, descending, k, values, positions, src)
+        run::<T, Wide>(simd, axis, descending, k, values, positions, src)
     }
 }
 
 fn run<T: Key, I: Item>(
+    simd: Simd,
     axis: usize,
     descending: bool,
     k: usize,
@@ -354,7 +343,7 @@ fn run<T: Key, I: Item>(
                 while t0 < n {
                     let m = BLOCK.min(n - t0);
                     let keys = &mut keys[..m];
-                    block_keys::<T>(keys, sl.stride(), flip, |t| at(t0 + t));
+                    block_keys::<T>(simd, keys, sl.stride(), flip, |t| at(t0 + t));
                     if held && keys.iter().fold(u64::MAX, |a, &x| a.min(x)) >= bar {
                         t0 += m;
                         continue;
