@@ -200,6 +200,8 @@ fn a_sleeping_rank_is_woken_when_its_peer_arrives() {
     // syncs sleep at once, for up to a minute a sleep: only a wake-up ends one early
     let (mem, bases) = segments(2, 0);
     let late = Duration::from_millis(300);
+    // one clock for both ranks, started before either: rank 1's three sleeps all come after it
+    let start = Instant::now();
     let took = std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
             .map(|r| {
@@ -209,14 +211,13 @@ fn a_sleeping_rank_is_woken_when_its_peer_arrives() {
                     let mut n = unsafe { Node::new(bases.to_vec(), r, Box::new(mem.clone())) };
                     n.waits = (Duration::ZERO, Duration::from_secs(60));
                     let s = Shm::new(Rc::new(n), vec![0, 1], Duration::from_secs(120), Simd::detected());
-                    let t = Instant::now();
                     for k in 0..3 {
                         if r == 1 {
                             std::thread::sleep(late);
                         }
                         s.barrier().unwrap_or_else(|e| panic!("barrier {k}: {e}"));
                     }
-                    t.elapsed()
+                    start.elapsed()
                 })
             })
             .collect();
