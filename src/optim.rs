@@ -84,11 +84,7 @@ fn closed<'d, T: Reducible>(
         }
         let at = target(zero, w)?;
         let g = if g.placement().equal(&at) { g.clone() } else { g.place(&at)? };
-        let mut s = g.mul(&g)?;
-        while !s.shape().is_empty() {
-            s = s.sum(s.shape().len() - 1)?;
-        }
-        let s = s.place(&Placement::mesh(at.mesh_of(), &[])?)?;
+        let s = g.sum_squares()?.place(&Placement::mesh(at.mesh_of(), &[])?)?;
         sq += s.full()?.to_vec()?[0].to_value().as_f64_lossy();
         out.push((name.to_string(), g));
     }
@@ -183,34 +179,33 @@ impl<'d, T: Reducible> AdamW<'d, T> {
             let steps = steps + 1;
             let t = i32::try_from(steps).unwrap_or(i32::MAX);
             let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-            let m = m.map(&[&g], false, |p, l| {
-                let (a, b) = (p.float(b1), p.float((1.0 - b1) * f));
-                let x = p.mul(a, l[0]);
-                let y = p.mul(b, l[1]);
-                p.add(x, y)
-            })?;
-            let v = v.map(&[&g], false, |p, l| {
-                let (a, b, ff) = (p.float(b2), p.float(1.0 - b2), p.float(f));
-                let x = p.mul(a, l[0]);
-                let gg = p.mul(l[1], ff);
-                let g2 = p.mul(gg, gg);
-                let y = p.mul(b, g2);
-                p.add(x, y)
-            })?;
             let wd = if w.shape().len() >= 2 { self.weight_decay } else { 0.0 };
-            let nw = ws.map(&[&m, &v], false, |p, l| {
+            // m, v and w updated in one pass: loads w, m, v, g
+            let mut out = ws.map_many(&[&m, &v, &g], false, |p, l| {
+                let (w, m, v, g) = (l[0], l[1], l[2], l[3]);
+                let (a1, s1, a2, s2, ff) =
+                    (p.float(b1), p.float((1.0 - b1) * f), p.float(b2), p.float(1.0 - b2), p.float(f));
+                let x = p.mul(a1, m);
+                let y = p.mul(s1, g);
+                let m = p.add(x, y);
+                let x = p.mul(a2, v);
+                let gg = p.mul(g, ff);
+                let g2 = p.mul(gg, gg);
+                let y = p.mul(s2, g2);
+                let v = p.add(x, y);
                 let (k1, k2, e, lrv, d) =
                     (p.float(1.0 / c1), p.float(1.0 / c2), p.float(eps), p.float(lr), p.float(wd));
-                let mh = p.mul(l[1], k1);
-                let vh = p.mul(l[2], k2);
+                let mh = p.mul(m, k1);
+                let vh = p.mul(v, k2);
                 let s = p.unary(nx_kernels::prog::UnOp::Sqrt, vh);
                 let s = p.add(s, e);
                 let u = p.div(mh, s);
-                let dw = p.mul(d, l[0]);
+                let dw = p.mul(d, w);
                 let u = p.add(u, dw);
                 let step = p.mul(lrv, u);
-                p.sub(l[0], step)
+                vec![p.sub(w, step), m, v]
             })?;
+            let (v, m, nw) = (out.pop().expect("three"), out.pop().expect("three"), out.pop().expect("three"));
             let nw = if nw.placement().equal(w.placement()) { nw } else { nw.place(w.placement())? };
             params.set(&name, nw)?;
             self.state.insert(name, Moments { m, v, steps });

@@ -318,6 +318,21 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         self.zip("nx::Tensor::map", others, linear, build)
     }
 
+    /// As [`Tensor::map`] with several outputs: `build` answers one value per output, all
+    /// computed in one pass over the operands (an optimizer's moments and weights together);
+    /// answers one tensor per value, placed as this one.
+    ///
+    /// # Errors
+    /// As [`Tensor::map`]; `build` answering no value.
+    pub fn map_many(
+        &self,
+        others: &[&Tensor<'d, T>],
+        linear: bool,
+        build: impl Fn(&mut Prog, &[V]) -> Vec<V>,
+    ) -> Result<Vec<Self>> {
+        self.zip_many("nx::Tensor::map_many", others, linear, build)
+    }
+
     fn zip(
         &self,
         func: &'static str,
@@ -325,6 +340,17 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         linear: bool,
         build: impl Fn(&mut Prog, &[V]) -> V,
     ) -> Result<Self> {
+        let mut out = self.zip_many(func, others, linear, |p, l| vec![build(p, l)])?;
+        Ok(out.remove(0))
+    }
+
+    fn zip_many(
+        &self,
+        func: &'static str,
+        others: &[&Tensor<'d, T>],
+        linear: bool,
+        build: impl Fn(&mut Prog, &[V]) -> Vec<V>,
+    ) -> Result<Vec<Self>> {
         // Opt-in automatic placement: an operand of the same shape placed otherwise moves to this
         // one's placement, and the move is logged.
         let moved: Vec<Tensor<'d, T>> = others
@@ -356,19 +382,31 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                 format!("a nonlinear map of a partial value ({}): close it with place first", self.placement),
             ));
         }
-        let Some(a) = &self.local else { return Ok(self.with_local(self.placement.clone(), self.shape.clone(), None)) };
         let mut p = Prog::new(&vec![T::DTYPE; 1 + others.len()]);
         let loads: Vec<V> = (0..=others.len()).map(|i| p.load(i)).collect();
-        let out = build(&mut p, &loads);
-        let out = p.cast(out, T::DTYPE);
-        p.output(out);
-        let dst = Array::<T>::uninit_on(self.ctx.rig(), a.shape())?;
+        let outs = build(&mut p, &loads);
+        if outs.is_empty() {
+            return Err(err(func, "the program answers no value".into()));
+        }
+        let Some(a) = &self.local else {
+            return Ok(outs
+                .iter()
+                .map(|_| self.with_local(self.placement.clone(), self.shape.clone(), None))
+                .collect());
+        };
+        for &o in &outs {
+            let o = p.cast(o, T::DTYPE);
+            p.output(o);
+        }
+        let dsts: Vec<Array<T>> =
+            outs.iter().map(|_| Array::<T>::uninit_on(self.ctx.rig(), a.shape())).collect::<Result<_, _>>()?;
         let mut ops: Vec<&dyn nx_kernels::Operand> = vec![a];
         for o in others {
             ops.push(o.local.as_ref().expect("aligned operands hold windows where this one does"));
         }
-        check(func, self.ctx.host().map(&p, a.shape(), &[&dst], &ops), &ops)?;
-        Ok(self.with_local(self.placement.clone(), self.shape.clone(), Some(dst)))
+        let dst_ops: Vec<&dyn nx_kernels::Operand> = dsts.iter().map(|d| d as &dyn nx_kernels::Operand).collect();
+        check(func, self.ctx.host().map(&p, a.shape(), &dst_ops, &ops), &ops)?;
+        Ok(dsts.into_iter().map(|d| self.with_local(self.placement.clone(), self.shape.clone(), Some(d))).collect())
     }
 
     /// `self + other` (linear: partial values stay partial).
@@ -507,23 +545,52 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// # Errors
     /// An axis past the rank.
     pub fn sum(&self, axis: usize) -> Result<Self> {
-        const FUNC: &str = "nx::Tensor::sum";
-        if axis >= self.shape.len() {
-            return Err(err(FUNC, format!("axis {axis} of a value of shape {:?}", self.shape)));
+        self.summed("nx::Tensor::sum", &[axis], false)
+    }
+
+    /// The sum over every axis of `axes` (in any order, each once) in one pass: a cut axis
+    /// leaves a value partial over the mesh axes that cut it, as [`Tensor::sum`] does. No axis
+    /// answers the value itself.
+    ///
+    /// # Errors
+    /// An axis past the rank or named twice.
+    pub fn sum_axes(&self, axes: &[usize]) -> Result<Self> {
+        self.summed("nx::Tensor::sum_axes", axes, false)
+    }
+
+    /// The sum of the squares of every element (of shape `[]`; partial over the mesh axes that
+    /// cut this value), in one pass.
+    ///
+    /// # Errors
+    /// As [`Tensor::sum_axes`].
+    pub fn sum_squares(&self) -> Result<Self> {
+        self.summed("nx::Tensor::sum_squares", &(0..self.shape.len()).collect::<Vec<_>>(), true)
+    }
+
+    fn summed(&self, func: &'static str, axes: &[usize], square: bool) -> Result<Self> {
+        if let Some(a) = axes.iter().find(|&&a| a >= self.shape.len()) {
+            return Err(err(func, format!("axis {a} of a value of shape {:?}", self.shape)));
         }
-        let placement = rules::reduce(FUNC, &self.placement, &[axis])?;
-        let mut shape = self.shape.clone();
-        shape.remove(axis);
+        if axes.is_empty() && !square {
+            return Ok(self.clone());
+        }
+        if square && self.placement.is_partial() {
+            return Err(err(func, format!("the squares of a partial value ({}): close it first", self.placement)));
+        }
+        let placement = rules::reduce(func, &self.placement, axes)?;
+        let kept = |s: &[usize]| -> Vec<usize> {
+            s.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &n)| n).collect()
+        };
+        let shape = kept(&self.shape);
         let local = match &self.local {
             Some(a) => {
-                let mut out_shape = a.shape().to_vec();
-                out_shape.remove(axis);
-                let dst = Array::<T>::uninit_on(self.ctx.rig(), &out_shape)?;
+                let dst = Array::<T>::uninit_on(self.ctx.rig(), &kept(a.shape()))?;
                 let mut p = Prog::new(&[T::DTYPE]);
                 let l = p.load(0);
+                let l = if square { p.mul(l, l) } else { l };
                 p.output(l);
                 let ops: [&dyn nx_kernels::Operand; 1] = [a];
-                check(FUNC, self.ctx.host().reduce(&p, a.shape(), &[axis], &[Reduction::Sum], &[&dst], &[a]), &ops)?;
+                check(func, self.ctx.host().reduce(&p, a.shape(), axes, &[Reduction::Sum], &[&dst], &[a]), &ops)?;
                 Some(dst)
             }
             None => None,

@@ -428,9 +428,19 @@ impl<T: Element> Array<T> {
             why: "the system refused (a view of more elements than its buffer holds)".into(),
         })?;
         let r = host_door(&[], &[self], || {
-            let base = self.base();
-            // SAFETY: the door holds a shared claim; positions come from the checked layout.
-            out.extend(self.layout.positions().map(|p| unsafe { self.read_at(base, p) }));
+            let (base, l) = (self.base(), &self.layout);
+            if T::DTYPE.is_packed() {
+                // SAFETY: the door holds a shared claim; positions come from the checked layout.
+                out.extend(l.positions().map(|p| unsafe { self.read_at(base, p) }));
+                return out;
+            }
+            let mut runs = crate::runs::Runs::new(l.shape(), [l.strides()], [l.offset()], 0, n);
+            let [s] = runs.inner_strides();
+            while let Some(([p], k)) = runs.next_run() {
+                // SAFETY: the door holds a shared claim; every position of the runs is one of the
+                // checked layout's.
+                out.extend((0..k as isize).map(|i| unsafe { self.read_at(base, p + i * s) }));
+            }
             out
         });
         raise("nx_kernels::Array::to_vec", r, &[self])
@@ -551,10 +561,32 @@ impl<T: Element> Array<T> {
                         src.numel() * size,
                     )
                 }
-            } else {
+            } else if T::DTYPE.is_packed() {
                 for (p, q) in src.layout.positions().zip(dst.layout.positions()) {
                     // SAFETY: claims held; positions of checked layouts.
                     unsafe { dst.write_at(db, q, src.read_at(sb, p)) }
+                }
+            } else {
+                let (sl, dl) = (&src.layout, &dst.layout);
+                let mut runs = crate::runs::Runs::new(
+                    sl.shape(),
+                    [sl.strides(), dl.strides()],
+                    [sl.offset(), dl.offset()],
+                    0,
+                    sl.numel(),
+                );
+                let [ss, ds] = runs.inner_strides();
+                while let Some(([p, q], n)) = runs.next_run() {
+                    if ss == 1 && ds == 1 {
+                        // SAFETY: claims held; a run of n elements from positions of checked
+                        // layouts, contiguous in both; `copy` allows overlap.
+                        unsafe { std::ptr::copy(sb.offset(p * size as isize), db.offset(q * size as isize), n * size) }
+                    } else {
+                        for i in 0..n as isize {
+                            // SAFETY: claims held; each is a position of its checked layout.
+                            unsafe { dst.write_at(db, q + i * ds, src.read_at(sb, p + i * ss)) }
+                        }
+                    }
                 }
             }
             Ok(())

@@ -27,6 +27,7 @@ mod ndarray_conv;
 pub mod observe;
 pub mod prog;
 pub mod rig;
+mod runs;
 pub mod simd;
 
 pub use array::{AnyArray, Array};

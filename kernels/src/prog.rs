@@ -374,9 +374,14 @@ impl Prog {
     }
 
     /// `x` converted to `d` by nx's conversion rules (a cast to `f16` rounds to `f16`, a float
-    /// to `i8` saturates at `i8`'s range), held in `d`'s compute type.
+    /// to `i8` saturates at `i8`'s range), held in `d`'s compute type; `x` itself where `d` is
+    /// the dtype of `x`'s own type (`f32` of an `f32` value: nothing to convert).
     pub fn cast(&mut self, x: V, d: Dtype) -> V {
         let x = if let Some(s) = self.is_weak(x) { self.as_ty(x, scalar_ty(s)) } else { x };
+        if self.ty(x).dtype() == d {
+            // the dtype of the value's own type: nothing to convert
+            return x;
+        }
         self.push(Node::Cast(d, x), Ty::of(d))
     }
 

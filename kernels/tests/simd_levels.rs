@@ -378,7 +378,8 @@ fn attention_at_every_level() {
 /// operands run lane-fused (widened, computed in f32 and narrowed run by run), strided ones
 /// through the register evaluator; both give the same bits at every level, and each element is
 /// the f32 computation of the exactly widened operands rounded once by `half`'s own conversion
-/// (NaNs the quiet one), specials and rounding ties included.
+/// (NaNs the quiet one), specials and rounding ties included; with a cast to that dtype before
+/// the store (as nx's maps end) or without.
 #[test]
 fn half_maps_lane_fused_at_every_level() {
     let n = 3 * 128 + 37;
@@ -389,49 +390,54 @@ fn half_maps_lane_fused_at_every_level() {
         ($h:ty, $d:expr) => {{
             let (ah, bh): (Vec<$h>, Vec<$h>) =
                 (a.iter().map(|&x| <$h>::from_f32(x)).collect(), b.iter().map(|&x| <$h>::from_f32(x)).collect());
-            let mut p = Prog::new(&[$d, $d]);
-            let (x, y) = (p.load(0), p.load(1));
-            let xy = p.binary(BinOp::Mul, x, y);
-            let z = p.binary(BinOp::Add, xy, x);
-            p.output(z);
-            let run = |h: &Host, strided: bool| -> Vec<u16> {
-                let arr = |v: &[$h]| {
-                    if strided {
-                        // every element twice, the view every other: a strided operand
-                        let twice: Vec<$h> = v.iter().flat_map(|&x| [x, x]).collect();
-                        Array::<$h>::from_vec(DEV, &[2 * n], twice)
-                            .unwrap()
-                            .apply(&nx_kernels::Move::Slice { axis: 0, start: None, stop: None, step: 2 })
-                            .unwrap()
-                            .unwrap()
-                    } else {
-                        Array::<$h>::from_vec(DEV, &[n], v.to_vec()).unwrap()
-                    }
-                };
-                let (x, y) = (arr(&ah), arr(&bh));
-                let z = Array::<$h>::zeros(DEV, &[n]).unwrap();
-                assert_eq!(h.map(&p, &[n], &[&z], &[&x, &y]), Answer::Done);
-                z.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
-            };
-            each_level(
-                &format!("{} map", $d),
-                |h| (run(h, false), run(h, true)),
-                |(fused, plain)| {
-                    assert_eq!(fused, plain, "{}: lane-fused and register evaluator", $d);
-                    for i in 0..n {
-                        let (x, y) = (ah[i].to_f32(), bh[i].to_f32());
-                        let want = <$h>::from_f32(x * y + x);
-                        let got = <$h>::from_bits(fused[i]);
-                        if want.is_nan() {
-                            // every NaN the one quiet NaN nx's conversions give
-                            let qnan = if $d == Dtype::BF16 { 0x7FC0 } else { 0x7E00 };
-                            assert_eq!(fused[i], qnan, "{} at {i}: {got} (want the quiet NaN)", $d);
+            for cast in [false, true] {
+                let mut p = Prog::new(&[$d, $d]);
+                let (x, y) = (p.load(0), p.load(1));
+                let xy = p.binary(BinOp::Mul, x, y);
+                let z = p.binary(BinOp::Add, xy, x);
+                // a cast to the destination's dtype before the store (as nx's maps end) is the
+                // store's own rounding
+                let z = if cast { p.cast(z, $d) } else { z };
+                p.output(z);
+                let run = |h: &Host, strided: bool| -> Vec<u16> {
+                    let arr = |v: &[$h]| {
+                        if strided {
+                            // every element twice, the view every other: a strided operand
+                            let twice: Vec<$h> = v.iter().flat_map(|&x| [x, x]).collect();
+                            Array::<$h>::from_vec(DEV, &[2 * n], twice)
+                                .unwrap()
+                                .apply(&nx_kernels::Move::Slice { axis: 0, start: None, stop: None, step: 2 })
+                                .unwrap()
+                                .unwrap()
                         } else {
-                            assert_eq!(fused[i], want.to_bits(), "{} at {i}: {x} * {y} + {x}", $d);
+                            Array::<$h>::from_vec(DEV, &[n], v.to_vec()).unwrap()
                         }
-                    }
-                },
-            );
+                    };
+                    let (x, y) = (arr(&ah), arr(&bh));
+                    let z = Array::<$h>::zeros(DEV, &[n]).unwrap();
+                    assert_eq!(h.map(&p, &[n], &[&z], &[&x, &y]), Answer::Done);
+                    z.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
+                };
+                each_level(
+                    &format!("{} map", $d),
+                    |h| (run(h, false), run(h, true)),
+                    |(fused, plain)| {
+                        assert_eq!(fused, plain, "{}: lane-fused and register evaluator", $d);
+                        for i in 0..n {
+                            let (x, y) = (ah[i].to_f32(), bh[i].to_f32());
+                            let want = <$h>::from_f32(x * y + x);
+                            let got = <$h>::from_bits(fused[i]);
+                            if want.is_nan() {
+                                // every NaN the one quiet NaN nx's conversions give
+                                let qnan = if $d == Dtype::BF16 { 0x7FC0 } else { 0x7E00 };
+                                assert_eq!(fused[i], qnan, "{} at {i}: {got} (want the quiet NaN)", $d);
+                            } else {
+                                assert_eq!(fused[i], want.to_bits(), "{} at {i}: {x} * {y} + {x}", $d);
+                            }
+                        }
+                    },
+                );
+            }
         }};
     }
     case!(bf16, Dtype::BF16);

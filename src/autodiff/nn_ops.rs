@@ -51,6 +51,15 @@ fn agree(func: &'static str, t: &Tensor<'_, i64>, bad: Option<(usize, i64)>, why
 }
 
 /// This rank's whole window of a value with copies, as `f64`s.
+/// The elements of `a` in C order as `f64`s, read in place where `a` is contiguous.
+fn elements_f64<T: Reducible>(a: &Array<T>) -> Result<Vec<f64>> {
+    if a.layout().is_contiguous() {
+        Ok(a.with_slice(|s| s.iter().map(|&x| to_f64(x)).collect())?)
+    } else {
+        Ok(a.to_vec()?.into_iter().map(to_f64).collect())
+    }
+}
+
 fn local_f64<T: Reducible>(t: &Tensor<'_, T>) -> Result<Vec<f64>> {
     Ok(t.local.as_ref().map(|a| a.to_vec()).transpose()?.unwrap_or_default().into_iter().map(to_f64).collect())
 }
@@ -95,21 +104,18 @@ impl<'d, T: Reducible> Var<'d, T> {
         // x̂ and 1/σ of each row, kept for the backward
         let (xhat, rstd, local) = match &x.local {
             Some(a) => {
-                let xv: Vec<f64> = a.to_vec()?.into_iter().map(to_f64).collect();
+                let xv = elements_f64(a)?;
                 let rows = xv.len().checked_div(d).unwrap_or(0);
                 let (mut xhat, mut rstd) = (vec![0.0; xv.len()], vec![0.0; rows]);
                 let mut out = Vec::with_capacity(xv.len());
-                for i in 0..rows {
-                    let row = &xv[i * d..(i + 1) * d];
+                for ((row, h), s) in xv.chunks_exact(d.max(1)).zip(xhat.chunks_exact_mut(d.max(1))).zip(&mut rstd) {
                     let mu = row.iter().sum::<f64>() / d as f64;
                     let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / d as f64;
-                    let s = 1.0 / (var + eps).sqrt();
-                    rstd[i] = s;
-                    for j in 0..d {
-                        let h = (row[j] - mu) * s;
-                        xhat[i * d + j] = h;
-                        out.push(crate::from_f64::<T>(h * gv[j] + bv[j]));
+                    *s = 1.0 / (var + eps).sqrt();
+                    for (h, &v) in h.iter_mut().zip(row) {
+                        *h = (v - mu) * *s;
                     }
+                    out.extend(h.iter().zip(&gv).zip(&bv).map(|((h, g), b)| crate::from_f64::<T>(h * g + b)));
                 }
                 (xhat, rstd, Some(Array::from_vec_on(x.ctx.rig(), a.shape(), out)?))
             }
@@ -119,16 +125,14 @@ impl<'d, T: Reducible> Var<'d, T> {
         let xc = x.clone();
         Ok(self.tape.record(out, &[self, gamma, beta], move |g| {
             let g = fit(g, &xc.placement)?;
-            let rows = rstd.len();
             let mut dg = vec![0.0; d];
             let mut db = vec![0.0; d];
             let local = match &g.local {
                 Some(a) => {
-                    let dy: Vec<f64> = a.to_vec()?.into_iter().map(to_f64).collect();
+                    let dy = elements_f64(a)?;
                     let mut dx = Vec::with_capacity(dy.len());
                     let mut dh = vec![0.0; d];
-                    for i in 0..rows {
-                        let (dyr, hr) = (&dy[i * d..(i + 1) * d], &xhat[i * d..(i + 1) * d]);
+                    for ((dyr, hr), s) in dy.chunks_exact(d.max(1)).zip(xhat.chunks_exact(d.max(1))).zip(&rstd) {
                         let (mut m1, mut m2) = (0.0, 0.0);
                         for j in 0..d {
                             dh[j] = dyr[j] * gv[j];
@@ -138,9 +142,7 @@ impl<'d, T: Reducible> Var<'d, T> {
                             db[j] += dyr[j];
                         }
                         let (m1, m2) = (m1 / d as f64, m2 / d as f64);
-                        for j in 0..d {
-                            dx.push(crate::from_f64::<T>(rstd[i] * (dh[j] - m1 - hr[j] * m2)));
-                        }
+                        dx.extend(dh.iter().zip(hr).map(|(dh, h)| crate::from_f64::<T>(s * (dh - m1 - h * m2))));
                     }
                     Some(Array::from_vec_on(xc.ctx.rig(), a.shape(), dx)?)
                 }

@@ -34,18 +34,20 @@ pub(crate) fn like<'d, T: Reducible>(g: Tensor<'d, T>, p: &Placement<'d>) -> Res
 }
 
 /// `g` summed down to `shape` over the axes numpy's broadcasting added or repeated.
-pub(crate) fn sum_to<'d, T: Reducible>(mut g: Tensor<'d, T>, shape: &[usize]) -> Result<Tensor<'d, T>> {
-    while g.shape.len() > shape.len() {
-        g = g.sum(0)?;
+pub(crate) fn sum_to<'d, T: Reducible>(g: Tensor<'d, T>, shape: &[usize]) -> Result<Tensor<'d, T>> {
+    // the leading axes broadcasting added, and the extent-1 axes broadcasting repeated, in one sum
+    let lead = g.shape.len().saturating_sub(shape.len());
+    let axes: Vec<usize> =
+        (0..g.shape.len()).filter(|&a| a < lead || (shape[a - lead] == 1 && g.shape[a] != 1)).collect();
+    if axes.is_empty() {
+        return Ok(g);
     }
-    for i in 0..shape.len() {
-        if shape[i] == 1 && g.shape[i] != 1 {
-            let mut keep = g.shape.clone();
-            keep[i] = 1;
-            g = g.sum(i)?.reshape(&keep)?;
-        }
+    let s = g.sum_axes(&axes)?;
+    if s.shape == shape {
+        Ok(s)
+    } else {
+        s.reshape(shape)
     }
-    Ok(g)
 }
 
 /// `shape` with an axis of one element at `axis`.

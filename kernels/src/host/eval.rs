@@ -4,6 +4,7 @@ use crate::door::Operand;
 use crate::host::reg::{self, Reg, Src};
 use crate::layout::{extent_product, Layout, Move};
 use crate::prog::{Node, Prog, Ty};
+use crate::runs::Runs;
 use crate::{Answer, Dtype};
 
 /// A host address held under the door's claims, shared by the tasks of one kernel call.
@@ -53,50 +54,6 @@ pub(crate) struct Bound<'p> {
     pub(crate) live: Vec<bool>,
     /// Per node: a load read in place (a contiguous source needing no conversion).
     pub(crate) direct: Vec<bool>,
-}
-
-/// The loop positions of flat indices `start..start + len` of a layout over `shape`.
-struct Walk<'l> {
-    strides: &'l [isize],
-    shape: &'l [usize],
-    index: Vec<usize>,
-    pos: isize,
-    left: usize,
-}
-
-impl<'l> Walk<'l> {
-    fn new(layout: &'l Layout, start: usize, len: usize) -> Walk<'l> {
-        let shape = layout.shape();
-        let mut index = vec![0; shape.len()];
-        let mut rest = start;
-        for d in (0..shape.len()).rev() {
-            index[d] = rest % shape[d].max(1);
-            rest /= shape[d].max(1);
-        }
-        let pos = layout.offset() + index.iter().zip(layout.strides()).map(|(&i, &s)| i as isize * s).sum::<isize>();
-        Walk { strides: layout.strides(), shape, index, pos, left: len }
-    }
-}
-
-impl Iterator for Walk<'_> {
-    type Item = isize;
-    fn next(&mut self) -> Option<isize> {
-        if self.left == 0 {
-            return None;
-        }
-        self.left -= 1;
-        let out = self.pos;
-        for d in (0..self.index.len()).rev() {
-            self.index[d] += 1;
-            self.pos += self.strides[d];
-            if self.index[d] < self.shape[d] {
-                break;
-            }
-            self.pos -= self.strides[d] * self.index[d] as isize;
-            self.index[d] = 0;
-        }
-        Some(out)
-    }
 }
 
 impl<'p> Bound<'p> {
@@ -216,8 +173,10 @@ impl<'p> Bound<'p> {
                         // SAFETY: claims held; a contiguous layout over the loop holds these runs.
                         unsafe { reg::load_run(s.dtype, p, len, out) }
                     } else {
+                        let l = &s.layout;
+                        let mut runs = Runs::new(l.shape(), [l.strides()], [l.offset()], start, len);
                         // SAFETY: claims held; positions of the checked, broadcast layout.
-                        unsafe { reg::load(s.dtype, s.base.0, &mut Walk::new(&s.layout, start, len), out) }
+                        unsafe { reg::load_runs(s.dtype, s.base.0, &mut runs, out) }
                     }
                 }
                 // A constant's register keeps its values from block to block.

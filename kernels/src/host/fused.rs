@@ -165,6 +165,19 @@ pub(crate) struct Fused<T> {
     simd: Simd,
 }
 
+/// Whether a live node of `prog` reads node `k`.
+fn read_by_nodes(prog: &crate::prog::Prog, k: usize, bound: &Bound<'_>) -> bool {
+    prog.nodes.iter().enumerate().any(|(i, (n, _))| {
+        bound.live[i]
+            && match n {
+                Node::Unary(_, x) | Node::Cast(_, x) => x.0 == k,
+                Node::Binary(_, x, y) | Node::Compare(_, x, y) => x.0 == k || y.0 == k,
+                Node::Select(c, x, y) => c.0 == k || x.0 == k || y.0 == k,
+                _ => false,
+            }
+    })
+}
+
 impl<T: Float> Fused<T> {
     /// `bound` compiled for destinations of dtypes `dsts`; `None` where the evaluator does not
     /// take the program (see the module documentation).
@@ -177,7 +190,20 @@ impl<T: Float> Fused<T> {
         }
         let mut widen = Vec::new();
         let prog = bound.prog;
+        // A cast to a half read only by outputs stored as that half is the store's own
+        // narrowing (rounding twice to one format rounds once): it stands for its operand.
+        let mut alias: Vec<usize> = (0..prog.nodes.len()).collect();
+        for (k, (node, _)) in prog.nodes.iter().enumerate() {
+            if let Node::Cast(d, x) = node {
+                let stored_as_d = prog.outputs.iter().zip(dsts).filter(|(v, _)| v.0 == k).all(|(_, &o)| o == *d)
+                    && prog.outputs.iter().any(|v| v.0 == k);
+                if halves && Half::of(*d).is_some() && stored_as_d && !read_by_nodes(prog, k, bound) {
+                    alias[k] = alias[x.0];
+                }
+            }
+        }
         let arg = |v: usize| -> Arg {
+            let v = alias[v];
             match prog.nodes[v].0 {
                 Node::Load(j) if bound.direct[v] => {
                     let s = &bound.sources[j];
@@ -193,6 +219,9 @@ impl<T: Float> Fused<T> {
             }
             if *ty != T::TY {
                 return None;
+            }
+            if alias[k] != k {
+                continue;
             }
             match node {
                 Node::Load(j) if bound.direct[k] && bound.sources[*j].dtype == T::DTYPE => {}

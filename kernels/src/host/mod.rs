@@ -204,6 +204,7 @@ mod assemble;
 mod attention;
 mod attention_rows;
 mod bgemm;
+mod columns;
 mod contract;
 mod contract_general;
 pub(crate) mod eval;

@@ -323,7 +323,7 @@ fn tree<T: Term>(r: Reduction, ps: &[Partial<T>]) -> Option<Partial<T>> {
 }
 
 /// The pairwise tree of [`tree`] over any values, combined by `f`; `None` for no value.
-fn tree_by<P: Copy>(ps: &[P], f: &impl Fn(P, P) -> P) -> Option<P> {
+pub(crate) fn tree_by<P: Copy>(ps: &[P], f: &impl Fn(P, P) -> P) -> Option<P> {
     match ps.len() {
         0 => None,
         1 => Some(ps[0]),
@@ -676,13 +676,20 @@ pub(crate) fn reduce(
         if !run {
             return Answer::Done;
         }
-        let mut outs = Vec::with_capacity(reductions.len());
+        let mut outs: Vec<Vec<(Ptr, isize, Dtype)>> = Vec::with_capacity(reductions.len());
         let mut k = 0;
         for r in reductions {
             outs.push(
                 dsts[k..k + r.destinations()].iter().map(|d| (Ptr::of(*d), d.layout().offset(), d.dtype())).collect(),
             );
             k += r.destinations();
+        }
+        if let Some(c) =
+            super::columns::Columns::of(&bound, kept.len(), reductions, outs.first().map_or(&[][..], Vec::as_slice))
+        {
+            // SAFETY: the door holds the claims; the destination is written by this call alone.
+            unsafe { c.run(inline) };
+            return Answer::Done;
         }
         let job = Job { bound: &bound, reductions, outs, terms, simd };
         if terms == 0 {

@@ -327,18 +327,29 @@ impl Reg {
     }
 }
 
-/// Loads `positions` of an array of dtype `d` at `base` into `out` (whose type is `Ty::of(d)`).
+/// Loads the positions `runs` walks from memory at `base` into `out` (cleared first), each
+/// element converted to its compute type: a run at stride 0 as one value repeated, any other by
+/// a loop of its stride.
 ///
 /// # Safety
-/// A claim on the array's buffer must be held, and every position must be one of its layout's.
-pub(crate) unsafe fn load(d: Dtype, base: *const u8, positions: &mut dyn Iterator<Item = isize>, out: &mut Reg) {
+/// A claim on the array's buffer must be held, and every position the runs reach must be one of
+/// its layout's.
+pub(crate) unsafe fn load_runs(d: Dtype, base: *const u8, runs: &mut crate::runs::Runs<1>, out: &mut Reg) {
     out.clear();
+    let [s] = runs.inner_strides();
     macro_rules! go {
         ($t:ty, $v:ident, $conv:expr) => {{
             let Reg::$v(v) = out else { unreachable!("register of the load's type") };
             let f: fn($t) -> _ = $conv;
-            // SAFETY: the caller's contract.
-            v.extend(positions.map(|p| f(unsafe { <$t>::load_at(base, p) })));
+            while let Some(([p], n)) = runs.next_run() {
+                if s == 0 {
+                    // SAFETY: the caller's contract.
+                    v.extend(std::iter::repeat_n(f(unsafe { <$t>::load_at(base, p) }), n));
+                } else {
+                    // SAFETY: the caller's contract.
+                    v.extend((0..n as isize).map(|i| f(unsafe { <$t>::load_at(base, p + i * s) })));
+                }
+            }
         }};
     }
     match d {
@@ -391,7 +402,7 @@ pub(crate) unsafe fn store_packed(r: Src<'_>, d: Dtype, base: *mut u8, pos: isiz
 /// Loads `n` consecutive elements of dtype `d` from `src` (a contiguous run).
 ///
 /// # Safety
-/// As [`load`]: `src` points at a claimed run of `n` elements.
+/// A claim on the array's buffer must be held; `src` points at a run of `n` of its elements.
 pub(crate) unsafe fn load_run(d: Dtype, src: *const u8, n: usize, out: &mut Reg) {
     match (d, &mut *out) {
         // SAFETY: the caller's contract: n aligned f32 elements.
@@ -416,8 +427,11 @@ pub(crate) unsafe fn load_run(d: Dtype, src: *const u8, n: usize, out: &mut Reg)
             let s = unsafe { std::slice::from_raw_parts(src.cast::<u16>(), n) };
             widen_f16(s, v);
         }
-        // SAFETY: the caller's contract.
-        _ => unsafe { load(d, src, &mut (0..n as isize), out) },
+        _ => {
+            let mut runs = crate::runs::Runs::new(&[n], [&[1]], [0], 0, n);
+            // SAFETY: the caller's contract: positions 0..n from `src`.
+            unsafe { load_runs(d, src, &mut runs, out) }
+        }
     }
 }
 

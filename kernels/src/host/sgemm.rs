@@ -366,16 +366,21 @@ unsafe fn pack_b(b: Mat, p0: usize, kc: usize, j0: usize, nv: usize, nr: usize, 
 /// # Safety
 /// Those elements of `a` are live.
 unsafe fn pack_a(a: Mat, i0: usize, mv: usize, p0: usize, kc: usize, mr: usize, panel: &mut [f32]) {
-    for r in 0..mr {
-        if r >= mv {
-            (0..kc).for_each(|p| panel[p * mr + r] = 0.0);
-            continue;
+    // the tile's rows side by side, one contraction index at a time: the panel written in order,
+    // each row read as a stream (a transposed `A`, rows at stride 1, reads its runs whole)
+    let mut rows = [std::ptr::null::<f32>(); 12];
+    for (r, row) in rows.iter_mut().enumerate().take(mv) {
+        // SAFETY: the caller's contract: row i0 + r from column p0 is live.
+        *row = unsafe { a.base.offset(a.rows.at(i0 + r) + p0 as isize * a.col) };
+    }
+    let rows = &rows[..mv];
+    for (p, dst) in panel.chunks_exact_mut(mr).take(kc).enumerate() {
+        let off = p as isize * a.col;
+        for (d, &row) in dst.iter_mut().zip(rows) {
+            // SAFETY: the caller's contract: column p0 + p of each row is live.
+            *d = unsafe { *row.offset(off) };
         }
-        let row = a.rows.at(i0 + r) + p0 as isize * a.col;
-        for p in 0..kc {
-            // SAFETY: the caller's contract.
-            panel[p * mr + r] = unsafe { *a.base.offset(row + p as isize * a.col) };
-        }
+        dst[mv..].fill(0.0);
     }
 }
 
