@@ -363,3 +363,62 @@ fn place_reads_a_strided_window_and_runs_warm_from_the_pool() {
     })
     .unwrap();
 }
+
+#[test]
+fn sums_over_several_axes_squares_and_maps_of_several_outputs() {
+    let f = |i: &[usize]| (i[0] * 13 + i[1] * 5 + i[2] * 3) as f64 * 0.125 - 4.0;
+    for (dp, tp) in [(1, 1), (2, 1), (2, 2), (3, 2)] {
+        let (b, t, c) = (2 * dp + 1, 3, 3 * tp + 1);
+        let at = |k: usize| [k / (t * c), k / c % t, k % c];
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            let x = Tensor::<f64>::from_fn(ctx, &[b, t, c], &p("mesh(0:dp, 2:tp)")?, f)?;
+            // the leading axes at once (a bias's gradient): partial over dp, still cut over tp
+            let s = x.sum_axes(&[1, 0])?;
+            if dp > 1 {
+                assert_eq!(s.placement().to_string(), "partial(dp; 0:tp)");
+            }
+            let want: Vec<f64> = (0..c).map(|j| (0..b * t).map(|r| f(&[r / t, r % t, j])).sum::<f64>()).collect();
+            assert!(close(&s.full()?.to_vec()?, &want));
+            // no axis: the value itself; an axis past the rank or named twice: errors
+            assert!(close(&x.sum_axes(&[])?.full()?.to_vec()?, &x.full()?.to_vec()?));
+            let e = x.sum_axes(&[3]).unwrap_err().to_string();
+            assert!(e.contains("nx::Tensor::sum_axes") && e.contains("axis 3"), "{e}");
+            assert!(x.sum_axes(&[1, 1]).is_err());
+            // the sum of squares, closed across the mesh
+            let q = x.sum_squares()?;
+            assert!(q.shape().is_empty());
+            let want: f64 = (0..b * t * c).map(|k| f(&at(k)).powi(2)).sum();
+            let got = q.place(&p("mesh()")?)?.full()?.to_vec()?[0];
+            assert!((got - want).abs() <= 1e-12 * want, "{got} against {want}");
+            // of a partial value: an error
+            if dp > 1 {
+                let e = s.sum_squares().unwrap_err().to_string();
+                assert!(e.contains("partial"), "{e}");
+            }
+            // three outputs of one pass, placed as the operands
+            let y = Tensor::<f64>::from_fn(ctx, &[b, t, c], &p("mesh(0:dp, 2:tp)")?, |i| f(i) * 0.5 + 1.0)?;
+            let outs = x.map_many(&[&y], false, |pr, l| {
+                let s = pr.add(l[0], l[1]);
+                let m = pr.mul(l[0], l[1]);
+                let two = pr.float(2.0);
+                vec![s, m, pr.mul(s, two)]
+            })?;
+            assert_eq!(outs.len(), 3);
+            let (xv, yv) = (x.full()?.to_vec()?, y.full()?.to_vec()?);
+            let wants: [Vec<f64>; 3] = [
+                xv.iter().zip(&yv).map(|(a, b)| a + b).collect(),
+                xv.iter().zip(&yv).map(|(a, b)| a * b).collect(),
+                xv.iter().zip(&yv).map(|(a, b)| 2.0 * (a + b)).collect(),
+            ];
+            for (o, w) in outs.iter().zip(&wants) {
+                assert!(o.placement().equal(x.placement()));
+                assert!(close(&o.full()?.to_vec()?, w));
+            }
+            assert!(x.map_many(&[], false, |_, _| Vec::new()).is_err());
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}
