@@ -373,6 +373,12 @@ unsafe fn pack_a(a: Mat, i0: usize, mv: usize, p0: usize, kc: usize, mr: usize, 
         // SAFETY: the caller's contract: row i0 + r from column p0 is live.
         *row = unsafe { a.base.offset(a.rows.at(i0 + r) + p0 as isize * a.col) };
     }
+    // SAFETY (both): the caller's contract, as below.
+    match (mr, mv) {
+        (6, 6) => return unsafe { pack_full::<6>(&rows, a.col, kc, panel) },
+        (12, 12) => return unsafe { pack_full::<12>(&rows, a.col, kc, panel) },
+        _ => {}
+    }
     let rows = &rows[..mv];
     for (p, dst) in panel.chunks_exact_mut(mr).take(kc).enumerate() {
         let off = p as isize * a.col;
@@ -381,6 +387,32 @@ unsafe fn pack_a(a: Mat, i0: usize, mv: usize, p0: usize, kc: usize, mr: usize, 
             *d = unsafe { *row.offset(off) };
         }
         dst[mv..].fill(0.0);
+    }
+}
+
+/// [`pack_a`] of a whole panel of `MR` rows: a fixed loop, the panel's groups written whole.
+///
+/// # Safety
+/// As [`pack_a`]: `rows[..MR]` point at rows whose `kc` elements at stride `col` are live.
+#[inline(always)]
+unsafe fn pack_full<const MR: usize>(rows: &[*const f32; 12], col: isize, kc: usize, panel: &mut [f32]) {
+    let rows: &[*const f32; MR] = rows[..MR].try_into().expect("MR rows");
+    if (0..MR).all(|r| rows[r] == rows[0].wrapping_add(r)) {
+        // a transposed `A`: the panel's rows side by side in memory, one run a group
+        for (p, dst) in panel.chunks_exact_mut(MR).take(kc).enumerate() {
+            // SAFETY: the caller's contract: MR consecutive live elements at this offset.
+            let src = unsafe { &*rows[0].offset(p as isize * col).cast::<[f32; MR]>() };
+            dst.copy_from_slice(src);
+        }
+        return;
+    }
+    for (p, dst) in panel.chunks_exact_mut(MR).take(kc).enumerate() {
+        let dst: &mut [f32; MR] = dst.try_into().expect("a group of MR");
+        let off = p as isize * col;
+        for r in 0..MR {
+            // SAFETY: the caller's contract.
+            dst[r] = unsafe { *rows[r].offset(off) };
+        }
     }
 }
 
