@@ -268,20 +268,25 @@ impl<'d, T: Reducible> Sgd<'d, T> {
             let w = params.get(&name).expect("a gradient's parameter").clone();
             let at = g.placement().clone();
             let ws = if w.placement().equal(&at) { w.clone() } else { w.place(&at)? };
-            let b = match self.state.remove(&name) {
-                Some(b) => b.map(&[&g], false, |p, l| {
-                    let (m, ff) = (p.float(mu), p.float(f));
-                    let x = p.mul(m, l[0]);
+            // the momentum and the weight in one pass: loads w, g and (after the first step) b
+            let state = self.state.remove(&name);
+            let mut out = match &state {
+                Some(b) => ws.map_many(&[&g, b], false, |p, l| {
+                    let (m, ff, k) = (p.float(mu), p.float(f), p.float(lr));
+                    let x = p.mul(m, l[2]);
                     let y = p.mul(ff, l[1]);
-                    p.add(x, y)
+                    let b = p.add(x, y);
+                    let s = p.mul(k, b);
+                    vec![p.sub(l[0], s), b]
                 })?,
-                None => g.scale(f)?,
+                None => ws.map_many(&[&g], false, |p, l| {
+                    let (ff, k) = (p.float(f), p.float(lr));
+                    let b = p.mul(l[1], ff);
+                    let s = p.mul(k, b);
+                    vec![p.sub(l[0], s), b]
+                })?,
             };
-            let nw = ws.map(&[&b], false, |p, l| {
-                let k = p.float(lr);
-                let s = p.mul(k, l[1]);
-                p.sub(l[0], s)
-            })?;
+            let (b, nw) = (out.pop().expect("two"), out.pop().expect("two"));
             let nw = if nw.placement().equal(w.placement()) { nw } else { nw.place(w.placement())? };
             params.set(&name, nw)?;
             self.state.insert(name, b);
