@@ -160,7 +160,9 @@ impl<'d, T: Reducible> AdamW<'d, T> {
     }
 
     /// One update of `params` by `grads` at learning rate `lr` (a parameter without a gradient
-    /// is left as it is); answers the gradient's global norm before clipping.
+    /// is left as it is); answers the gradient's global norm before clipping. The moments and the
+    /// weight are computed in one pass in `T`'s compute type (f32 for the halves), the weight
+    /// from the moments before they are rounded to `T`.
     ///
     /// # Errors
     /// A ZeRO axis the mesh lacks; a parameter that is a sum of terms; the collectives' errors.

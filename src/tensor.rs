@@ -562,7 +562,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// cut this value), in one pass.
     ///
     /// # Errors
-    /// As [`Tensor::sum_axes`].
+    /// A partial value (its squares are not the squares' sum: close it first).
     pub fn sum_squares(&self) -> Result<Self> {
         self.summed("nx::Tensor::sum_squares", &(0..self.shape.len()).collect::<Vec<_>>(), true)
     }

@@ -117,6 +117,7 @@ fn strided_flipped_broadcast_and_several_leading_axes() {
     let d3 = Array::<f32>::zeros(DEV, &[cols]).unwrap();
     assert_eq!(h.reduce(&p, &[a0, b0, cols], &[0, 1], &[Reduction::Sum], &[&d3], &[&x3]), Answer::Done);
     let x2 = Array::<f32>::from_vec(DEV, &[a0 * b0, cols], xs[..a0 * b0 * cols].to_vec()).unwrap();
-    let (down, _) = both(h, &x2, a0 * b0, cols);
-    assert_eq!(bits(&d3.to_vec().unwrap()), bits(&down), "two leading axes");
+    let (down, along) = both(h, &x2, a0 * b0, cols);
+    assert_eq!(bits(&down), bits(&along), "[a·b, c]");
+    assert_eq!(bits(&d3.to_vec().unwrap()), bits(&along), "two leading axes: the row association's bits");
 }

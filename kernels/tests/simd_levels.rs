@@ -443,3 +443,44 @@ fn half_maps_lane_fused_at_every_level() {
     case!(bf16, Dtype::BF16);
     case!(half::f16, Dtype::F16);
 }
+
+/// A cast to a half that another node also reads, or that is stored as another half, is a real
+/// rounding inside the program: `c = half(x·y)`, `w = c + x`, both stored as the half, and
+/// `c` stored as the other half, against the f32 computation rounded where the program says.
+#[test]
+fn half_casts_read_inside_a_map_round_there() {
+    let n = 2 * 128 + 19;
+    let a: Vec<f32> = (0..n).map(|i| val(i, 41) as f32 * 3.0).collect();
+    let b: Vec<f32> = (0..n).map(|i| val(i, 42) as f32 * 5.0).collect();
+    let (ab, bb): (Vec<bf16>, Vec<bf16>) =
+        (a.iter().map(|&x| bf16::from_f32(x)).collect(), b.iter().map(|&x| bf16::from_f32(x)).collect());
+    let mut p = Prog::new(&[Dtype::BF16, Dtype::BF16]);
+    let (x, y) = (p.load(0), p.load(1));
+    let xy = p.binary(BinOp::Mul, x, y);
+    let c = p.cast(xy, Dtype::BF16);
+    let w = p.binary(BinOp::Add, c, x);
+    p.output(c);
+    p.output(w);
+    p.output(c);
+    let run = |h: &Host| -> Vec<Vec<u16>> {
+        let (x, y) =
+            (Array::<bf16>::from_vec(DEV, &[n], ab.clone()).unwrap(), Array::from_vec(DEV, &[n], bb.clone()).unwrap());
+        let (dc, dw) = (Array::<bf16>::zeros(DEV, &[n]).unwrap(), Array::<bf16>::zeros(DEV, &[n]).unwrap());
+        let df = Array::<half::f16>::zeros(DEV, &[n]).unwrap();
+        assert_eq!(h.map(&p, &[n], &[&dc, &dw, &df], &[&x, &y]), Answer::Done);
+        vec![
+            dc.to_vec().unwrap().iter().map(|v| v.to_bits()).collect(),
+            dw.to_vec().unwrap().iter().map(|v| v.to_bits()).collect(),
+            df.to_vec().unwrap().iter().map(|v| v.to_bits()).collect(),
+        ]
+    };
+    each_level("bf16 casts read inside", run, |got| {
+        for i in 0..n {
+            let (x, y) = (ab[i].to_f32(), bb[i].to_f32());
+            let c = bf16::from_f32(x * y);
+            assert_eq!(got[0][i], c.to_bits(), "c at {i}");
+            assert_eq!(got[1][i], bf16::from_f32(c.to_f32() + x).to_bits(), "w at {i}");
+            assert_eq!(got[2][i], half::f16::from_f32(c.to_f32()).to_bits(), "c as f16 at {i}");
+        }
+    });
+}

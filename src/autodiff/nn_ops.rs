@@ -50,7 +50,6 @@ fn agree(func: &'static str, t: &Tensor<'_, i64>, bad: Option<(usize, i64)>, why
     }
 }
 
-/// This rank's whole window of a value with copies, as `f64`s.
 /// The elements of `a` in C order as `f64`s, read in place where `a` is contiguous.
 fn elements_f64<T: Reducible>(a: &Array<T>) -> Result<Vec<f64>> {
     if a.layout().is_contiguous() {
@@ -60,6 +59,7 @@ fn elements_f64<T: Reducible>(a: &Array<T>) -> Result<Vec<f64>> {
     }
 }
 
+/// This rank's whole window of a value with copies, as `f64`s.
 fn local_f64<T: Reducible>(t: &Tensor<'_, T>) -> Result<Vec<f64>> {
     Ok(t.local.as_ref().map(|a| a.to_vec()).transpose()?.unwrap_or_default().into_iter().map(to_f64).collect())
 }

@@ -35,6 +35,12 @@ pub(crate) fn like<'d, T: Reducible>(g: Tensor<'d, T>, p: &Placement<'d>) -> Res
 
 /// `g` summed down to `shape` over the axes numpy's broadcasting added or repeated.
 pub(crate) fn sum_to<'d, T: Reducible>(g: Tensor<'d, T>, shape: &[usize]) -> Result<Tensor<'d, T>> {
+    if g.shape.len() < shape.len() {
+        return Err(err(
+            "nx::autodiff::sum_to",
+            format!("a gradient of shape {:?} cannot sum to the larger rank of {shape:?}", g.shape),
+        ));
+    }
     // the leading axes broadcasting added, and the extent-1 axes broadcasting repeated, in one sum
     let lead = g.shape.len().saturating_sub(shape.len());
     let axes: Vec<usize> =

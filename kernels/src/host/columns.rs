@@ -32,12 +32,14 @@ impl Columns {
     /// The column form of a reduction of `bound` (loop axes: the `kept` outputs' axes, then the
     /// reduced ones) into `dsts`, where it has one: one plain `Sum` of an `f32` or `f64` operand
     /// into a destination of its dtype, the kept axes merging into one of stride 1, the reduced
-    /// ones into one of any stride.
+    /// ones into one of any stride, and a block of columns for each of `threads` (1 where the
+    /// call runs inline).
     pub(crate) fn of(
         bound: &Bound<'_>,
         kept: usize,
         reductions: &[Reduction],
         dsts: &[(Ptr, isize, Dtype)],
+        threads: usize,
     ) -> Option<Columns> {
         let prog = bound.prog;
         if reductions != [Reduction::Sum] || prog.outputs.len() != 1 || dsts.len() != 1 {
@@ -63,7 +65,9 @@ impl Columns {
         let (outputs, ostride) = merged(0, kept)?;
         let (terms, row) = merged(kept, shape.len())?;
         // under 2 outputs or with contiguous terms the row-wise paths are already direct
-        if outputs < 2 || ostride != 1 || terms == 0 || row == 1 {
+        // blocks of columns are its only split: fewer blocks than threads stay on the kernel's
+        // paths, which also split the terms
+        if outputs < 2 || ostride != 1 || terms == 0 || row == 1 || outputs.div_ceil(BLOCK) < threads {
             return None;
         }
         let base = Ptr(s.base.at(s.dtype, s.layout.offset()));
@@ -127,5 +131,51 @@ impl Columns {
             // SAFETY: the caller's contract: output c0 + c is this block's alone.
             unsafe { dst.offset(self.dst.1 + (c0 + c) as isize).write(v) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prog::Prog;
+    use crate::{Array, Move};
+    use nx_mesh::{Device, DeviceKind};
+
+    const DEV: Device = Device { kind: DeviceKind::Sim, ordinal: 0, rank: 0 };
+
+    /// Whether a plain sum of `a` over its leading `lead` axes into a destination of `dst`
+    /// takes the column path on `threads`.
+    fn takes(a: &Array<f32>, lead: usize, dst: Dtype, threads: usize, reductions: &[Reduction]) -> bool {
+        let mut p = Prog::new(&[Dtype::F32]);
+        let l = p.load(0);
+        p.output(l);
+        let rank = a.shape().len();
+        let perm: Vec<usize> = (lead..rank).chain(0..lead).collect();
+        let bound = Bound::new(&p, a.shape(), &perm, &[a]).unwrap();
+        let out = [(Ptr(std::ptr::null_mut()), 0, dst)];
+        Columns::of(&bound, rank - lead, reductions, &out, threads).is_some()
+    }
+
+    #[test]
+    fn the_column_path_takes_matrices_of_rows_and_nothing_else() {
+        let a = Array::<f32>::zeros(DEV, &[9, 4, 70]).unwrap();
+        let sum = [Reduction::Sum];
+        assert!(takes(&a, 2, Dtype::F32, 1, &sum), "a bias's gradient: two leading axes");
+        assert!(takes(&a, 2, Dtype::F32, 3, &sum), "three blocks of columns for three threads");
+        assert!(!takes(&a, 2, Dtype::F32, 4, &sum), "fewer blocks than threads");
+        assert!(!takes(&a, 2, Dtype::F64, 1, &sum), "another destination dtype");
+        assert!(!takes(&a, 2, Dtype::F32, 1, &[Reduction::Max]), "not a sum");
+        assert!(!takes(&a, 3, Dtype::F32, 1, &sum), "one output");
+        // the last axis reduced: its terms contiguous, the row paths' case
+        let t = a.apply(&Move::Permute(vec![2, 0, 1])).unwrap().unwrap();
+        assert!(!takes(&t, 1, Dtype::F32, 1, &sum), "terms at stride 1");
+        // kept axes that do not merge into one of stride 1
+        let s = a.apply(&Move::Slice { axis: 2, start: None, stop: None, step: 2 }).unwrap().unwrap();
+        assert!(!takes(&s, 2, Dtype::F32, 1, &sum), "columns at stride 2");
+        // rows at twice the stride still do; reduced axes that do not merge into one do not
+        let r = a.apply(&Move::Slice { axis: 1, start: None, stop: None, step: 2 }).unwrap().unwrap();
+        assert!(takes(&r, 2, Dtype::F32, 1, &sum), "rows at twice the stride");
+        let r = a.apply(&Move::Slice { axis: 0, start: None, stop: None, step: 2 }).unwrap().unwrap();
+        assert!(!takes(&r, 2, Dtype::F32, 1, &sum), "reduced axes of strides 560 and 70");
     }
 }

@@ -684,9 +684,13 @@ pub(crate) fn reduce(
             );
             k += r.destinations();
         }
-        if let Some(c) =
-            super::columns::Columns::of(&bound, kept.len(), reductions, outs.first().map_or(&[][..], Vec::as_slice))
-        {
+        if let Some(c) = super::columns::Columns::of(
+            &bound,
+            kept.len(),
+            reductions,
+            outs.first().map_or(&[][..], Vec::as_slice),
+            if inline { 1 } else { threads },
+        ) {
             // SAFETY: the door holds the claims; the destination is written by this call alone.
             unsafe { c.run(inline) };
             return Answer::Done;

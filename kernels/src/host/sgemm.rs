@@ -373,9 +373,10 @@ unsafe fn pack_a(a: Mat, i0: usize, mv: usize, p0: usize, kc: usize, mr: usize, 
         // SAFETY: the caller's contract: row i0 + r from column p0 is live.
         *row = unsafe { a.base.offset(a.rows.at(i0 + r) + p0 as isize * a.col) };
     }
-    // SAFETY (both): the caller's contract, as below.
     match (mr, mv) {
+        // SAFETY: the caller's contract: mv rows of kc live elements.
         (6, 6) => return unsafe { pack_full::<6>(&rows, a.col, kc, panel) },
+        // SAFETY: as above.
         (12, 12) => return unsafe { pack_full::<12>(&rows, a.col, kc, panel) },
         _ => {}
     }
