@@ -12,7 +12,7 @@
 
 use crate::contraction::{Contraction, Factor, Segmented};
 use crate::door::Operand;
-use crate::loads::{Pad, Windows};
+use crate::loads::{Load, Pad, Windows};
 use crate::prog::Prog;
 use crate::Answer;
 
@@ -268,6 +268,17 @@ pub fn attention_refusal(
     None
 }
 
+/// The operands of `loads` where every one is plain; `None` where one is padded.
+fn plain<'a>(loads: &[Load<'a>]) -> Option<Vec<&'a dyn Operand>> {
+    loads
+        .iter()
+        .map(|l| match l {
+            Load::Plain(o) => Some(*o),
+            Load::Padded(_) => None,
+        })
+        .collect()
+}
+
 /// The kernel contract, for a library of kernels that compute on some devices' memory.
 ///
 /// Each method takes attributes, then destinations, then operands, and answers as the [module
@@ -292,6 +303,35 @@ pub trait Kernels {
         dsts: &[&dyn Operand],
         loads: &[&dyn Operand],
     ) -> Answer;
+
+    /// [`Kernels::map`] over loads that may be padded and windowed ([`Load`]): load `j` is read
+    /// as [`Load::shape`] gives it, broadcast to `shape`, an index outside the operand its fill.
+    /// The default computes plain loads through [`Kernels::map`] and declines padded ones.
+    fn map_loads(&self, prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[Load<'_>]) -> Answer {
+        match plain(loads) {
+            Some(plain) => self.map(prog, shape, dsts, &plain),
+            None => Answer::Declined,
+        }
+    }
+
+    /// [`Kernels::reduce`] over loads that may be padded and windowed, as [`Kernels::map_loads`]
+    /// reads them: a sum pool, a max pool, and with a product of a windowed load and a filter,
+    /// a convolution. The default computes plain loads through [`Kernels::reduce`] and declines
+    /// padded ones.
+    fn reduce_loads(
+        &self,
+        prog: &Prog,
+        shape: &[usize],
+        axes: &[usize],
+        reductions: &[Reduction],
+        dsts: &[&dyn Operand],
+        loads: &[Load<'_>],
+    ) -> Answer {
+        match plain(loads) {
+            Some(plain) => self.reduce(prog, shape, axes, reductions, dsts, &plain),
+            None => Answer::Declined,
+        }
+    }
 
     /// `dst = init + contraction(a, b)` (`init` of `dst`'s shape, read at the result's own index;
     /// `+0` without it).

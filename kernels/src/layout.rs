@@ -46,6 +46,11 @@ pub enum Move {
     Squeeze(usize),
     /// An axis of extent 1 inserted at this position.
     Unsqueeze(usize),
+    /// The windows of every axis ([`crate::Windows`]): a layout of twice the rank, the windows'
+    /// indices (as many along each axis as [`crate::Windows::shape`] counts) then each window's
+    /// element indices (its `size`), window `w`'s element `e` along axis `d` being element
+    /// `w·stride[d] + e·dilation[d]`. Windows that overlap read elements more than once.
+    Window(crate::Windows),
 }
 
 /// The greatest magnitude of a position (in elements) and of a stride that a layout may have:
@@ -528,6 +533,32 @@ impl Layout {
                 });
                 out.shape.insert(*axis, 1);
                 out.strides.insert(*axis, s);
+            }
+            Move::Window(w) => {
+                let counts =
+                    w.shape(&self.shape).map_err(|why| invalid(FUNC, format!("windows of {:?}: {why}", self.shape)))?;
+                if 2 * self.rank() > MAX_RANK {
+                    return Err(invalid(
+                        FUNC,
+                        format!("windows of a layout of rank {}: at most {} axes", self.rank(), MAX_RANK / 2),
+                    ));
+                }
+                // A step scaled past the bound moves along an axis of one window (or of a window
+                // of one element) only, where no second index reaches it: the axis's own stride
+                // stands in. Every position reached lies within the input's reach.
+                let scaled = |d: usize, k: usize| {
+                    isize::try_from(k)
+                        .ok()
+                        .and_then(|k| self.strides[d].checked_mul(k))
+                        .filter(|x| x.unsigned_abs() <= MAX_POSITION as usize)
+                        .unwrap_or(self.strides[d])
+                };
+                let rank = self.rank();
+                out.strides = (0..rank)
+                    .map(|d| scaled(d, w.stride[d]))
+                    .chain((0..rank).map(|d| scaled(d, w.dilation[d])))
+                    .collect();
+                out.shape = counts.into_iter().chain(w.size.iter().copied()).collect();
             }
         }
         Layout::new(out.shape, out.strides, out.offset).map(Some)

@@ -28,6 +28,7 @@ pub mod observe;
 pub mod prog;
 pub mod rig;
 mod runs;
+pub mod shape;
 pub mod simd;
 
 pub use array::{AnyArray, Array};
@@ -47,7 +48,7 @@ pub use kernels::{
 };
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 pub use lease::Lease;
-pub use loads::{Pad, Windows};
+pub use loads::{Load, Pad, Padded, Windows};
 pub use prog::{map_refusal, reduce_refusal, Prog};
 pub use simd::Simd;
 

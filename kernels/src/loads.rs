@@ -1,6 +1,11 @@
 //! Padded and windowed reads of an operand: [`Pad`] (elements before, after and between an
-//! axis's, or a crop) and [`Windows`] (the windows a fold reduces), with the shapes they give.
-//! The padded operand is never materialised by a fold: a read outside the operand is the fill.
+//! axis's, or a crop) and [`Windows`] (the windows a fold reduces), with the shapes they give,
+//! and [`Load`], an operand of a loop together with how the loop reads it (maps and reductions
+//! take loads: convolution- and pooling-shaped work). The padded operand is never materialised:
+//! a read outside the operand is the fill.
+
+use crate::door::Operand;
+use crate::Value;
 
 /// Paddings of an operand of rank r: along axis i, `lo[i]` elements of the fill before the
 /// operand's, `hi[i]` after and `interior[i]` between neighbours; a negative `lo` or `hi` crops.
@@ -100,4 +105,87 @@ impl Windows {
             })
             .collect()
     }
+}
+
+/// A loop's operand together with how the loop reads it ([`crate::Kernels::map_loads`],
+/// [`crate::Kernels::reduce_loads`]).
+///
+/// ```
+/// use nx_kernels::loads::{Load, Pad, Windows};
+/// use nx_kernels::{Array, Value};
+/// use nx_mesh::Device;
+///
+/// // a 3 x 3 operand padded by one zero on every side, read as its 2 x 2 windows at stride 2:
+/// // a load of shape [2, 2, 2, 2] (the windows' indices, then their elements')
+/// let x = Array::<f32>::from_vec(Device::sim(0), &[3, 3], vec![1.0; 9])?;
+/// let (pad, windows) = (Pad::edges(&[1, 1], &[1, 1]), Windows::new(&[2, 2], &[2, 2]));
+/// let load = Load::padded(&x, &pad, Value::Float(0.0), Some(&windows));
+/// assert_eq!(load.shape()?, vec![2, 2, 2, 2]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy)]
+pub enum Load<'a> {
+    /// The operand as it lies, broadcast to the loop (numpy's rules).
+    Plain(&'a dyn Operand),
+    /// The operand padded, then read through windows where given.
+    Padded(Padded<'a>),
+}
+
+/// A padded read of an operand: `pad` puts `fill` (as the operand's dtype converts it) around
+/// and between its elements, or crops; then, where `windows` are given, the load is the windows
+/// of the padded operand, of shape `[counts…, sizes…]` as [`crate::Move::Window`] lays them out.
+/// Its shape ([`Load::shape`]) broadcasts to the loop as a plain operand's does.
+#[derive(Clone, Copy)]
+pub struct Padded<'a> {
+    /// The operand.
+    pub operand: &'a dyn Operand,
+    /// Its padding.
+    pub pad: &'a Pad,
+    /// The padding's elements.
+    pub fill: Value,
+    /// The windows read, or `None` for the padded operand itself.
+    pub windows: Option<&'a Windows>,
+}
+
+impl<'a> Load<'a> {
+    /// A padded (and, with `windows`, windowed) load of `operand`.
+    pub fn padded(operand: &'a dyn Operand, pad: &'a Pad, fill: Value, windows: Option<&'a Windows>) -> Load<'a> {
+        Load::Padded(Padded { operand, pad, fill, windows })
+    }
+
+    /// The array the load reads.
+    pub fn operand(&self) -> &'a dyn Operand {
+        match self {
+            Load::Plain(o) => *o,
+            Load::Padded(p) => p.operand,
+        }
+    }
+
+    /// The shape the loop reads: the operand's, or [`padded_shape`]'s.
+    ///
+    /// # Errors
+    /// Why a padding or windows do not fit the operand, in words.
+    pub fn shape(&self) -> Result<Vec<usize>, String> {
+        match self {
+            Load::Plain(o) => Ok(o.layout().shape().to_vec()),
+            Load::Padded(p) => padded_shape(p.pad, p.windows, p.operand.layout().shape()),
+        }
+    }
+}
+
+/// The shape of an operand of `shape` padded by `pad` and, where given, read through `windows`
+/// (the reference's `Shape.padded`): [`Pad::shape`], then the windows' counts
+/// ([`Windows::shape`]) followed by their sizes (twice the rank).
+///
+/// # Errors
+/// Why not, in words: a padding or windows of another rank, an extent below 0 or past the address
+/// space, an empty window or a step of 0, or windows of more than half [`crate::MAX_RANK`] axes.
+pub fn padded_shape(pad: &Pad, windows: Option<&Windows>, shape: &[usize]) -> Result<Vec<usize>, String> {
+    let padded = pad.shape(shape)?;
+    let Some(w) = windows else { return Ok(padded) };
+    if 2 * shape.len() > crate::MAX_RANK {
+        return Err(format!("windows of an operand of rank {}: at most {} axes", shape.len(), crate::MAX_RANK / 2));
+    }
+    let counts = w.shape(&padded)?;
+    Ok(counts.into_iter().chain(w.size.iter().copied()).collect())
 }

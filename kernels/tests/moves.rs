@@ -126,6 +126,25 @@ impl Dense {
                 shape.insert(*axis, 1);
                 Dense { shape, data: self.data.clone() }
             }
+            Move::Window(w) => {
+                if w.size.len() != r || w.stride.len() != r || w.dilation.len() != r || 2 * r > nx_kernels::MAX_RANK {
+                    return None;
+                }
+                if (0..r).any(|d| w.size[d] == 0 || w.stride[d] == 0 || w.dilation[d] == 0) {
+                    return None;
+                }
+                // window i's element e along axis d is element i·stride + e·dilation
+                let counts = (0..r).map(|d| {
+                    let span = (w.size[d] - 1) * w.dilation[d] + 1;
+                    if self.shape[d] < span {
+                        0
+                    } else {
+                        (self.shape[d] - span) / w.stride[d] + 1
+                    }
+                });
+                let shape = counts.chain(w.size.iter().copied()).collect();
+                self.map(shape, |i| (0..r).map(|d| i[d] * w.stride[d] + i[r + d] * w.dilation[d]).collect())
+            }
         })
     }
 }
@@ -147,6 +166,12 @@ fn arb_move(rank: usize) -> impl Strategy<Value = Move> {
         (0..r).prop_map(Move::Flip),
         (0..r).prop_map(Move::Squeeze),
         (0..=rank).prop_map(Move::Unsqueeze),
+        (
+            prop::collection::vec(0usize..4, rank..=rank + 1),
+            prop::collection::vec(0usize..4, rank..=rank),
+            prop::collection::vec(1usize..3, rank..=rank)
+        )
+            .prop_map(|(size, stride, dilation)| Move::Window(nx_kernels::Windows { size, stride, dilation })),
     ]
 }
 

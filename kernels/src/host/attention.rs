@@ -16,6 +16,7 @@ use super::{destinations, through_door};
 use crate::door::Operand;
 use crate::dtype::fp8::{F8E4M3, F8E5M2};
 use crate::kernels::{attention_refusal, Attention, Kv};
+use crate::shape::KvShape;
 use crate::{Answer, Dtype, Element, Simd};
 
 /// Query rows a task takes.
@@ -237,38 +238,17 @@ pub(crate) fn attention(
         let (hq, tq, dk) = (qs[lead], qs[lead + 1], qs[lead + 2]);
         let (ks, vs) = (k.layout().shape(), v.layout().shape());
         // keys: dense [lead…; hk; tk; d] or pools [pages; hk; page; d] through a table [lead…; max]
-        let (hk, tk, page, pages) = match table {
-            None => {
-                if ks.len() != rank || vs.len() != rank || ks[..lead] != qs[..lead] || vs[..lead + 2] != ks[..lead + 2]
-                {
-                    return Answer::ShapeMismatch;
-                }
-                (ks[lead], ks[lead + 1], 0, 0)
-            }
-            Some(t) => {
-                let ts = t.layout().shape();
-                if ks.len() != 4
-                    || vs.len() != 4
-                    || vs[..3] != ks[..3]
-                    || ts.len() != lead + 1
-                    || ts[..lead] != qs[..lead]
-                {
-                    return Answer::ShapeMismatch;
-                }
-                let Some(tk) = ts[lead].checked_mul(ks[2]) else { return Answer::ShapeMismatch };
-                (ks[1], tk, ks[2], ks[0])
-            }
+        let kv = match table {
+            None => KvShape::Dense { k: ks, v: vs },
+            Some(t) => KvShape::Paged { k: ks, v: vs, table: t.layout().shape() },
         };
-        let dv = vs[vs.len() - 1];
-        if ks[ks.len() - 1] != dk || hk == 0 || hq % hk != 0 {
+        let Ok(want) = crate::shape::attention(qs, kv) else { return Answer::ShapeMismatch };
+        let (hk, tk, dv) = (want.hk, want.tk, vs[vs.len() - 1]);
+        let (page, pages) = if paged { (ks[2], ks[0]) } else { (0, 0) };
+        if o.layout().shape() != want.o || lse.layout().shape() != want.lse {
             return Answer::ShapeMismatch;
         }
-        let mut want_o = qs.to_vec();
-        want_o[rank - 1] = dv;
-        if o.layout().shape() != want_o || lse.layout().shape() != &qs[..rank - 1] {
-            return Answer::ShapeMismatch;
-        }
-        if lengths.is_some_and(|l| l.layout().shape() != &qs[..lead]) {
+        if lengths.is_some_and(|l| l.layout().shape() != want.lengths) {
             return Answer::ShapeMismatch;
         }
         if let Some(a) = destinations(w, r) {

@@ -47,7 +47,7 @@ impl Columns {
         }
         let Node::Load(j) = prog.nodes[prog.outputs[0].0].0 else { return None };
         let s = &bound.sources[j];
-        if !matches!(s.dtype, Dtype::F32 | Dtype::F64) || dsts[0].2 != s.dtype {
+        if s.padding.is_some() || !matches!(s.dtype, Dtype::F32 | Dtype::F64) || dsts[0].2 != s.dtype {
             return None;
         }
         let (shape, strides) = (s.layout.shape(), s.layout.strides());
@@ -151,7 +151,7 @@ mod tests {
         p.output(l);
         let rank = a.shape().len();
         let perm: Vec<usize> = (lead..rank).chain(0..lead).collect();
-        let bound = Bound::new(&p, a.shape(), &perm, &[a]).unwrap();
+        let bound = Bound::new(&p, a.shape(), &perm, &[a], &[None]).unwrap();
         let out = [(Ptr(std::ptr::null_mut()), 0, dst)];
         Columns::of(&bound, rank - lead, reductions, &out, threads).is_some()
     }

@@ -2,10 +2,11 @@
 
 use crate::door::Operand;
 use crate::host::reg::{self, Reg, Src};
-use crate::layout::{extent_product, Layout, Move};
+use crate::layout::{contiguous_strides, extent_product, Layout, Move};
+use crate::loads::{padded_shape, Load, Pad, Windows};
 use crate::prog::{Node, Prog, Ty};
 use crate::runs::Runs;
-use crate::{Answer, Dtype};
+use crate::{Answer, Dtype, Value};
 
 /// A host address held under the door's claims, shared by the tasks of one kernel call.
 #[derive(Clone, Copy, Debug)]
@@ -35,13 +36,89 @@ impl Ptr {
     }
 }
 
+/// How a loop reads a padded load ([`Load::Padded`]), owned so that a kernel's work can hold it.
+#[derive(Debug, Clone)]
+pub(crate) struct Read {
+    pad: Pad,
+    fill: Value,
+    windows: Option<Windows>,
+}
+
+/// Each load's padded read, or `None` for a plain one.
+pub(crate) fn reads(loads: &[Load<'_>]) -> Vec<Option<Read>> {
+    loads
+        .iter()
+        .map(|l| match l {
+            Load::Plain(_) => None,
+            Load::Padded(p) => Some(Read { pad: p.pad.clone(), fill: p.fill, windows: p.windows.cloned() }),
+        })
+        .collect()
+}
+
+/// A padded load's positions: a position of its padded (and windowed) shape, C order, to the
+/// operand's element it reads, or the fill.
+pub(crate) struct Padding {
+    read: Read,
+    /// The padded (and windowed) shape, and its C-contiguous strides.
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    /// The operand's own layout.
+    operand: Layout,
+}
+
+impl Padding {
+    /// The operand's element position that position `v` of the padded shape reads (`v` a C-order
+    /// position, as [`Padding::strides`] numbers them), or `None` for the fill.
+    #[inline]
+    fn source(&self, mut v: isize) -> Option<isize> {
+        let r = self.operand.rank();
+        let mut idx = [0usize; crate::MAX_RANK];
+        for (k, (&n, &st)) in self.shape.iter().zip(&self.strides).enumerate() {
+            let i = v / st;
+            v -= i * st;
+            debug_assert!((i as usize) < n, "a position of the padded shape");
+            idx[k] = i as usize;
+        }
+        let mut pos = self.operand.offset();
+        for d in 0..r {
+            let at = match &self.read.windows {
+                Some(w) => idx[d] * w.stride[d] + idx[r + d] * w.dilation[d],
+                None => idx[d],
+            };
+            let i = self.read.pad.source(d, at, self.operand.shape()[d])?;
+            pos += i as isize * self.operand.strides()[d];
+        }
+        Some(pos)
+    }
+
+    /// Loads the padded positions `runs` walks into `out`, the fill where they read none of the
+    /// operand's elements.
+    ///
+    /// # Safety
+    /// A claim on the operand's buffer must be held, `base` its address.
+    unsafe fn load(&self, d: Dtype, base: *const u8, runs: &mut Runs<1>, len: usize, out: &mut Reg) {
+        let [s] = runs.inner_strides();
+        let mut at = Vec::with_capacity(len);
+        while let Some(([p], n)) = runs.next_run() {
+            at.extend((0..n as isize).map(|i| self.source(p + i * s)));
+        }
+        // SAFETY: the caller's contract; `source` answers positions of the operand's checked
+        // layout.
+        unsafe { reg::load_positions(d, base, &at, self.read.fill, out) }
+    }
+}
+
 /// One load: its dtype, memory and layout over the loop's (possibly permuted) shape.
 pub(crate) struct Source {
     pub(crate) dtype: Dtype,
     pub(crate) base: Ptr,
+    /// The positions the loop reads: the operand's elements, or for a padded load the positions
+    /// of its padded shape ([`Source::padding`]).
     pub(crate) layout: Layout,
     /// Whether it lies contiguous in the loop's order (flat index i at element offset + i).
     pub(crate) contiguous: bool,
+    /// A padded load's reads: its layout's positions are then not the operand's.
+    pub(crate) padding: Option<Padding>,
 }
 
 /// A program bound to its operands over a loop.
@@ -65,6 +142,7 @@ impl<'p> Bound<'p> {
         shape: &[usize],
         perm: &[usize],
         loads: &[&dyn Operand],
+        reads: &[Option<Read>],
     ) -> Result<Bound<'p>, Answer> {
         let loop_shape: Vec<usize> = perm.iter().map(|&a| shape[a]).collect();
         let mut axis_of = vec![0; perm.len()];
@@ -72,15 +150,28 @@ impl<'p> Bound<'p> {
             axis_of[a] = i;
         }
         let mut sources = Vec::with_capacity(loads.len());
-        for l in loads {
-            let wide = l.layout().apply(&Move::Expand(shape.to_vec())).map_err(|_| Answer::ShapeMismatch)?;
+        for (j, l) in loads.iter().enumerate() {
+            let (read, padding) = match reads.get(j).cloned().flatten() {
+                None => (l.layout().clone(), None),
+                Some(read) => {
+                    let operand = l.layout().clone();
+                    let shape = padded_shape(&read.pad, read.windows.as_ref(), operand.shape())
+                        .map_err(|_| Answer::ShapeMismatch)?;
+                    // the padded shape's own positions, C order; one past any layout's reach
+                    // is a loop no memory could hold
+                    let strides = contiguous_strides(&shape).map_err(|_| Answer::Declined)?;
+                    let virt = Layout::new(shape.clone(), strides.clone(), 0).map_err(|_| Answer::Declined)?;
+                    (virt, Some(Padding { read, shape, strides, operand }))
+                }
+            };
+            let wide = read.apply(&Move::Expand(shape.to_vec())).map_err(|_| Answer::ShapeMismatch)?;
             let wide = wide.ok_or(Answer::ShapeMismatch)?;
             let layout = wide
                 .apply(&Move::Permute(perm.to_vec()))
                 .map_err(|_| Answer::ShapeMismatch)?
                 .ok_or(Answer::ShapeMismatch)?;
-            let contiguous = layout.is_contiguous() && layout.is_distinct();
-            sources.push(Source { dtype: l.dtype(), base: Ptr::of(*l), layout, contiguous });
+            let contiguous = padding.is_none() && layout.is_contiguous() && layout.is_distinct();
+            sources.push(Source { dtype: l.dtype(), base: Ptr::of(*l), layout, contiguous, padding });
         }
         let mut live = vec![false; prog.nodes.len()];
         let mut stack: Vec<usize> = prog.outputs.iter().map(|v| v.0).collect();
@@ -168,7 +259,13 @@ impl<'p> Bound<'p> {
             match &self.prog.nodes[i].0 {
                 Node::Load(j) => {
                     let s = &self.sources[*j];
-                    if s.contiguous && !s.dtype.is_packed() {
+                    if let Some(p) = &s.padding {
+                        let l = &s.layout;
+                        let mut runs = Runs::new(l.shape(), [l.strides()], [l.offset()], start, len);
+                        // SAFETY: claims held; the padding reads positions of the operand's
+                        // checked layout.
+                        unsafe { p.load(s.dtype, s.base.0, &mut runs, len, out) }
+                    } else if s.contiguous && !s.dtype.is_packed() {
                         let p = s.base.at(s.dtype, s.layout.offset() + start as isize);
                         // SAFETY: claims held; a contiguous layout over the loop holds these runs.
                         unsafe { reg::load_run(s.dtype, p, len, out) }

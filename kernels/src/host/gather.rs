@@ -127,14 +127,11 @@ pub(crate) fn gather(
     through_door(par, "gather", None, &[dst], &[src, index], move |w, r, execute| {
         let (dst, src, index) = (w[0], r[0], r[1]);
         let (ss, is) = (src.layout().shape(), index.layout().shape());
-        if axis >= ss.len() {
-            return Answer::ShapeMismatch;
-        }
-        let mut want: Vec<usize> = ss[..axis].to_vec();
-        want.extend(is);
-        want.extend(run);
-        want.extend(&ss[axis + 1..]);
-        if dst.layout().shape() != want {
+        let want = match run {
+            None => crate::shape::gather(ss, axis, is),
+            Some(run) => crate::shape::range_gather(ss, axis, run, is),
+        };
+        if want.ok().as_deref() != Some(dst.layout().shape()) {
             return Answer::ShapeMismatch;
         }
         if let Some(a) = destinations(w, r) {
@@ -196,12 +193,8 @@ pub(crate) fn scatter(
     through_door(par, "scatter", None, &[dst], &read, move |w, r, execute| {
         let (dst, src, index, into) = (w[0], r[0], r[1], r.get(2).copied());
         let ds = dst.layout().shape();
-        if axis >= ds.len() || index.layout().rank() != 1 {
-            return Answer::ShapeMismatch;
-        }
-        let mut want = ds.to_vec();
-        want[axis] = index.layout().shape()[0];
-        if src.layout().shape() != want || into.is_some_and(|i| i.layout().shape() != ds) {
+        let want = crate::shape::scatter(ds, axis, index.layout().shape());
+        if want.ok().as_deref() != Some(src.layout().shape()) || into.is_some_and(|i| i.layout().shape() != ds) {
             return Answer::ShapeMismatch;
         }
         // `into` may be the destination itself (read at each element's own index only)

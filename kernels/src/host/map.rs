@@ -1,9 +1,10 @@
 //! The map kernel.
 
-use super::eval::{Bound, Ptr};
+use super::eval::{reads, Bound, Ptr};
 use super::fused::{Float, Fused, LANES};
 use super::{reg, through_door, Work};
 use crate::door::Operand;
+use crate::loads::Load;
 use crate::prog::{map_refusal, Prog};
 use crate::Answer;
 
@@ -18,14 +19,15 @@ pub(crate) fn map(
     prog: &Prog,
     shape: &[usize],
     dsts: &[&dyn Operand],
-    loads: &[&dyn Operand],
+    loads: &[Load<'_>],
 ) -> Answer {
     let dt: Vec<_> = dsts.iter().map(|d| d.dtype()).collect();
-    let lt: Vec<_> = loads.iter().map(|l| l.dtype()).collect();
+    let lt: Vec<_> = loads.iter().map(|l| l.operand().dtype()).collect();
     if let Some((answer, _)) = map_refusal(prog, shape.len(), &dt, &lt) {
         return answer;
     }
-    let (prog, shape) = (prog.clone(), shape.to_vec());
+    let (prog, shape, reads) = (prog.clone(), shape.to_vec(), reads(loads));
+    let loads: Vec<&dyn Operand> = loads.iter().map(Load::operand).collect();
     let n = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).unwrap_or(usize::MAX);
     let task = if par.inline(Work::Map, n) {
         n.max(1)
@@ -33,7 +35,7 @@ pub(crate) fn map(
         n.div_ceil(par.threads().saturating_mul(4)).clamp(BLOCK, TASK)
     };
     let simd = par.simd();
-    through_door(par, "map", Some((Work::Map, n)), dsts, loads, move |dsts, loads, execute| {
+    through_door(par, "map", Some((Work::Map, n)), dsts, &loads, move |dsts, loads, execute| {
         let (prog, shape) = (&prog, &shape[..]);
         if dsts.iter().any(|d| d.layout().shape() != shape) {
             return Answer::ShapeMismatch;
@@ -42,7 +44,7 @@ pub(crate) fn map(
             return Answer::Declined;
         }
         let perm: Vec<usize> = (0..shape.len()).collect();
-        let bound = match Bound::new(prog, shape, &perm, loads) {
+        let bound = match Bound::new(prog, shape, &perm, loads, &reads) {
             Ok(b) => b,
             Err(a) => return a,
         };

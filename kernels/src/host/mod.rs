@@ -231,6 +231,7 @@ pub use par::{HostOptions, Origin, Store, Thresholds, Work};
 use crate::contraction::{Contraction, Factor, Segmented};
 use crate::door::Operand;
 use crate::kernels::{Attention, Direction, Kernels, Kv, Reduction, Scatter};
+use crate::loads::Load;
 use crate::prog::Prog;
 use crate::rig::Work as RigWork;
 use crate::{Answer, Result};
@@ -373,7 +374,7 @@ pub(crate) fn probe_job(work: Work, n: usize) -> Option<ProbeJob> {
             let y = prog.unary(UnOp::Exp, x);
             prog.output(y);
             Some(Box::new(move |par| {
-                let _ = map::map(par, &prog, &[n], &[&dst], &[&src]);
+                let _ = map::map(par, &prog, &[n], &[&dst], &[Load::Plain(&src)]);
             }))
         }
         Work::Reduce => {
@@ -384,7 +385,15 @@ pub(crate) fn probe_job(work: Work, n: usize) -> Option<ProbeJob> {
             let x = prog.load(0);
             prog.output(x);
             Some(Box::new(move |par| {
-                let _ = reduce::reduce(par, &prog, &[rows, n / rows], &[1], &[Reduction::Sum], &[&dst], &[&src]);
+                let _ = reduce::reduce(
+                    par,
+                    &prog,
+                    &[rows, n / rows],
+                    &[1],
+                    &[Reduction::Sum],
+                    &[&dst],
+                    &[Load::Plain(&src)],
+                );
             }))
         }
         Work::Convert => {
@@ -404,6 +413,11 @@ impl Kernels for Host {
     }
 
     fn map(&self, prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[&dyn Operand]) -> Answer {
+        let loads: Vec<Load<'_>> = loads.iter().map(|&o| Load::Plain(o)).collect();
+        map::map(&self.par, prog, shape, dsts, &loads)
+    }
+
+    fn map_loads(&self, prog: &Prog, shape: &[usize], dsts: &[&dyn Operand], loads: &[Load<'_>]) -> Answer {
         map::map(&self.par, prog, shape, dsts, loads)
     }
 
@@ -415,6 +429,19 @@ impl Kernels for Host {
         reductions: &[Reduction],
         dsts: &[&dyn Operand],
         loads: &[&dyn Operand],
+    ) -> Answer {
+        let loads: Vec<Load<'_>> = loads.iter().map(|&o| Load::Plain(o)).collect();
+        reduce::reduce(&self.par, prog, shape, axes, reductions, dsts, &loads)
+    }
+
+    fn reduce_loads(
+        &self,
+        prog: &Prog,
+        shape: &[usize],
+        axes: &[usize],
+        reductions: &[Reduction],
+        dsts: &[&dyn Operand],
+        loads: &[Load<'_>],
     ) -> Answer {
         reduce::reduce(&self.par, prog, shape, axes, reductions, dsts, loads)
     }

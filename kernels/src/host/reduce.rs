@@ -3,13 +3,14 @@
 use num_complex::{Complex32, Complex64};
 use rayon::prelude::*;
 
-use super::eval::{Bound, Ptr};
+use super::eval::{reads, Bound, Ptr};
 use super::par::{for_each, for_each_init};
 use super::reg::{dispatch_dtype, each_src, float_max, float_min, Reg, Src};
 use super::{through_door, Work};
 use crate::door::Operand;
 use crate::kernels::{Extreme, Reduction};
 use crate::layout::extent_product;
+use crate::loads::Load;
 use crate::prog::{reduce_refusal, Prog, Ty};
 use crate::{Answer, Dtype, Element, Simd, Value};
 
@@ -630,10 +631,10 @@ pub(crate) fn reduce(
     axes: &[usize],
     reductions: &[Reduction],
     dsts: &[&dyn Operand],
-    loads: &[&dyn Operand],
+    loads: &[Load<'_>],
 ) -> Answer {
     let dt: Vec<_> = dsts.iter().map(|d| d.dtype()).collect();
-    let lt: Vec<_> = loads.iter().map(|l| l.dtype()).collect();
+    let lt: Vec<_> = loads.iter().map(|l| l.operand().dtype()).collect();
     if let Some((answer, _)) = reduce_refusal(prog, shape.len(), reductions, &dt, &lt) {
         return answer;
     }
@@ -645,11 +646,12 @@ pub(crate) fn reduce(
     }
     let kept: Vec<usize> = (0..shape.len()).filter(|a| !red.contains(a)).collect();
     let out_shape: Vec<usize> = kept.iter().map(|&a| shape[a]).collect();
-    let (prog, shape, reductions) = (prog.clone(), shape.to_vec(), reductions.to_vec());
+    let (prog, shape, reductions, reads) = (prog.clone(), shape.to_vec(), reductions.to_vec(), reads(loads));
+    let loads: Vec<&dyn Operand> = loads.iter().map(Load::operand).collect();
     let read = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).unwrap_or(usize::MAX);
     // inline: every loop below in order on the calling thread
     let (inline, threads, simd) = (par.inline(Work::Reduce, read), par.threads(), par.simd());
-    through_door(par, "reduce", Some((Work::Reduce, read)), dsts, loads, move |dsts, loads, run| {
+    through_door(par, "reduce", Some((Work::Reduce, read)), dsts, &loads, move |dsts, loads, run| {
         let (prog, shape, reductions) = (&prog, &shape[..], &reductions[..]);
         if dsts.iter().any(|d| d.layout().shape() != out_shape) {
             return Answer::ShapeMismatch;
@@ -664,7 +666,7 @@ pub(crate) fn reduce(
             return Answer::Declined;
         }
         let perm: Vec<usize> = kept.iter().chain(&red).copied().collect();
-        let bound = match Bound::new(prog, shape, &perm, loads) {
+        let bound = match Bound::new(prog, shape, &perm, loads, &reads) {
             Ok(b) => b,
             Err(a) => return a,
         };

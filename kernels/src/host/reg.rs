@@ -376,6 +376,49 @@ pub(crate) unsafe fn load_runs(d: Dtype, base: *const u8, runs: &mut crate::runs
     }
 }
 
+/// Loads the elements at `at` from memory at `base` into `out` (cleared first), each converted to
+/// its compute type, `fill` (as `d` converts it) where a position is `None`.
+///
+/// # Safety
+/// A claim on the array's buffer must be held, and every position must be one of its layout's.
+pub(crate) unsafe fn load_positions(d: Dtype, base: *const u8, at: &[Option<isize>], fill: Value, out: &mut Reg) {
+    out.clear();
+    macro_rules! go {
+        ($t:ty, $v:ident, $conv:expr) => {{
+            let Reg::$v(v) = out else { unreachable!("register of the load's type") };
+            let f: fn($t) -> _ = $conv;
+            let fill = f(<$t as Element>::from_value(fill));
+            v.extend(at.iter().map(|p| match p {
+                // SAFETY: the caller's contract.
+                Some(p) => f(unsafe { <$t>::load_at(base, *p) }),
+                None => fill,
+            }));
+        }};
+    }
+    match d {
+        Dtype::Bool => go!(bool, B, |x| x),
+        Dtype::I8 => go!(i8, I, i64::from),
+        Dtype::I16 => go!(i16, I, i64::from),
+        Dtype::I32 => go!(i32, I, i64::from),
+        Dtype::I64 => go!(i64, I, |x| x),
+        Dtype::U8 => go!(u8, U, u64::from),
+        Dtype::U16 => go!(u16, U, u64::from),
+        Dtype::U32 => go!(u32, U, u64::from),
+        Dtype::U64 => go!(u64, U, |x| x),
+        Dtype::F16 => go!(f16, F, f16::to_f32),
+        Dtype::BF16 => go!(bf16, F, bf16::to_f32),
+        Dtype::F8E4M3 => go!(F8E4M3, F, F8E4M3::to_f32),
+        Dtype::F8E5M2 => go!(F8E5M2, F, F8E5M2::to_f32),
+        Dtype::F32 => go!(f32, F, |x| x),
+        Dtype::F64 => go!(f64, D, |x| x),
+        Dtype::C64 => go!(Complex32, C, |x| x),
+        Dtype::C128 => go!(Complex64, Z, |x| x),
+        Dtype::I4 => go!(I4, I, |x: I4| i64::from(x.get())),
+        Dtype::U4 => go!(U4, U, |x: U4| u64::from(x.get())),
+        Dtype::Bit => go!(Bit, B, Bit::get),
+    }
+}
+
 /// Stores `r` into `r.len()` consecutive elements of the packed dtype `d` from position `pos`
 /// of memory at `base`, converting as [`store`] does, each keeping the other elements of its
 /// byte.

@@ -127,12 +127,8 @@ pub(crate) fn scan(
         if dst.layout().shape() != shape {
             return Answer::ShapeMismatch;
         }
-        if let Some(c) = carry {
-            let mut want = shape.to_vec();
-            want.remove(axis);
-            if c.layout().shape() != want {
-                return Answer::ShapeMismatch;
-            }
+        if carry.is_some_and(|c| crate::shape::carry(shape, axis).ok().as_deref() != Some(c.layout().shape())) {
+            return Answer::ShapeMismatch;
         }
         if let Some(a) = destinations(w, r) {
             return a;

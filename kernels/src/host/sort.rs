@@ -240,13 +240,9 @@ pub(crate) fn sort(
             _ => (None, Some(w[0])),
         };
         let shape = src.layout().shape();
-        if axis >= shape.len() {
-            return Answer::ShapeMismatch;
-        }
         let out = w[0].layout().shape();
-        let fits = out.len() == shape.len()
-            && out[axis] <= shape[axis]
-            && (0..shape.len()).all(|d| d == axis || out[d] == shape[d])
+        let k = out.get(axis).copied().unwrap_or(0);
+        let fits = crate::shape::sort(shape, axis, k).ok().as_deref() == Some(out)
             && w.iter().all(|o| o.layout().shape() == out);
         if !fits {
             return Answer::ShapeMismatch;
