@@ -74,7 +74,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         let local = match &self.local {
             Some(a) => {
                 let dst = Array::<T>::uninit_on(self.ctx.rig(), a.shape())?;
-                check(FUNC, self.ctx.host().scan(Reduction::Sum, axis, None, &dst, a), &[a])?;
+                check(FUNC, self.ctx.host().scan(Reduction::Sum, axis, None, &[&dst], a), &[a])?;
                 Some(dst)
             }
             None => None,

@@ -156,36 +156,47 @@ pub enum Scatter {
 }
 
 /// `Some((refusal, why))` where a scan by `reduction` along `axis` of an operand of rank `rank`
-/// and dtype `src`, into `dst` from a carry of dtype `carry`, does not fit: `Declined` for
-/// `Logsumexp`, `Moments` and `Arg` scans and for `Max`/`Min` of complex terms (this library
-/// orders none), `WrongDtype` for `dst` or a carry of the wrong dtype or a `Sum`/`Prod` of
-/// booleans, `ShapeMismatch` for an axis past the rank (a rank-0 operand has none). It reads no
-/// shape but the rank.
+/// and dtype `src`, into destinations of `dsts` from a carry of dtype `carry`, does not fit:
+/// `ShapeMismatch` for an axis past the rank (a rank-0 operand has none) or another number of
+/// destinations than the reduction writes (one; two for `Moments` and `Arg`); `WrongDtype` for
+/// terms the reduction does not accept ([`Reduction::accepts`]), a destination not of `src`'s
+/// dtype (an `Arg`'s second: `i64`), or a carry not of the carrier; `Declined` for `Max`, `Min`
+/// and `Arg` of complex terms (this library orders none) and for a carry of a `Moments` or `Arg`
+/// scan (its state is more than one value of the carrier). It reads no shape but the rank.
 pub fn scan_refusal(
     reduction: Reduction,
     rank: usize,
     axis: usize,
-    dst: crate::Dtype,
+    dsts: &[crate::Dtype],
     carry: Option<crate::Dtype>,
     src: crate::Dtype,
 ) -> Option<(Answer, String)> {
     use crate::Kind;
-    if !matches!(reduction, Reduction::Sum | Reduction::Prod | Reduction::Max | Reduction::Min) {
-        return Some((Answer::Declined, format!("{reduction:?} scans are not built")));
-    }
     if axis >= rank {
         return Some((Answer::ShapeMismatch, format!("axis {axis} of an operand of rank {rank}")));
     }
-    if dst != src {
-        return Some((Answer::WrongDtype, format!("the destination is {dst}, the operand {src}")));
+    if dsts.len() != reduction.destinations() {
+        return Some((
+            Answer::ShapeMismatch,
+            format!("{} destinations for a {reduction:?} scan, which writes {}", dsts.len(), reduction.destinations()),
+        ));
     }
-    if src == crate::Dtype::Bool && matches!(reduction, Reduction::Sum | Reduction::Prod) {
-        return Some((Answer::WrongDtype, format!("{reduction:?} takes no booleans")));
+    if !reduction.accepts(src) {
+        return Some((Answer::WrongDtype, format!("a {reduction:?} scan does not take {src} terms")));
     }
-    if src.kind() == Kind::Complex && matches!(reduction, Reduction::Max | Reduction::Min) {
+    if dsts[0] != src {
+        return Some((Answer::WrongDtype, format!("the destination is {}, the operand {src}", dsts[0])));
+    }
+    if matches!(reduction, Reduction::Arg(_)) && dsts[1] != crate::Dtype::I64 {
+        return Some((Answer::WrongDtype, format!("Arg's positions go to an i64 destination, not {}", dsts[1])));
+    }
+    if src.kind() == Kind::Complex && matches!(reduction, Reduction::Max | Reduction::Min | Reduction::Arg(_)) {
         return Some((Answer::Declined, format!("{reduction:?} of complex terms has no order here")));
     }
     match carry {
+        Some(_) if matches!(reduction, Reduction::Moments | Reduction::Arg(_)) => {
+            Some((Answer::Declined, format!("a {reduction:?} scan's state is more than one carry value")))
+        }
         Some(c) if c != src.carrier() => {
             Some((Answer::WrongDtype, format!("the carry is {c}, the carrier of {src} is {}", src.carrier())))
         }
@@ -368,18 +379,20 @@ pub trait Kernels {
         Answer::Declined
     }
 
-    /// A scan of `src` along `axis` by `reduction` (`Sum`, `Prod`, `Max` or `Min`) into `dst`
-    /// (`src`'s shape and dtype): result `i` combines the terms up to `i` in the carrier
-    /// ([`crate::Dtype::carrier`]), continuing from `carry` (the carrier's dtype, `src`'s shape
-    /// without `axis`) where given — the value of the result before the first term — else a
-    /// `Sum` from +0 and the others from their first term. The scan of a prefix of the axis is the
-    /// prefix of the scan, bit for bit; [`scan_refusal`] names what does not fit.
+    /// A scan of `src` along `axis` by `reduction` into `dsts` (`src`'s shape; one destination of
+    /// `src`'s dtype, or two for `Moments` — the means, then the variances — and `Arg` — the
+    /// extremes, then their `i64` positions): result `i` is the reduction of the terms up to `i`,
+    /// combined in the carrier ([`crate::Dtype::carrier`]), continuing from `carry` (the
+    /// carrier's dtype, [`crate::shape::carry`]'s shape) where given — the value of the result
+    /// before the first term — else a `Sum` from +0 and the others from their first term. The
+    /// scan of a prefix of the axis is the prefix of the scan, bit for bit; [`scan_refusal`] names
+    /// what does not fit.
     fn scan(
         &self,
         _reduction: Reduction,
         _axis: usize,
         _carry: Option<&dyn Operand>,
-        _dst: &dyn Operand,
+        _dsts: &[&dyn Operand],
         _src: &dyn Operand,
     ) -> Answer {
         Answer::Declined

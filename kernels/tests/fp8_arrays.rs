@@ -232,7 +232,7 @@ fn reductions_and_scans_carry_f32_and_round_once() {
     assert_eq!(host.reduce(&sum_p, &shape, &[1], &[Reduction::Sum], &[&sum32], &[&x]), Answer::Done);
     assert_eq!(host.reduce(&sum_p, &shape, &[1], &[Reduction::Arg(Extreme::Max)], &[&mx, &at], &[&x]), Answer::Done);
     let scan = Array::<F8E4M3>::zeros(DEV, &[m, n]).unwrap();
-    assert_eq!(host.scan(Reduction::Sum, 1, None, &scan, &x), Answer::Done);
+    assert_eq!(host.scan(Reduction::Sum, 1, None, &[&scan], &x), Answer::Done);
     let (s, s32, mxv, atv, sc) = (bits(&sum), sum32.to_vec().unwrap(), bits(&mx), at.to_vec().unwrap(), bits(&scan));
     for i in 0..m {
         let row: Vec<f64> = (0..n).map(|j| f.value(pat(i, j))).collect();

@@ -97,7 +97,7 @@ proptest! {
         let xs: Vec<f32> = (0..n).map(val).collect();
         let a = arr(&shape, &xs, strided);
         let dst = Array::<f32>::zeros(DEV, &shape).unwrap();
-        prop_assert_eq!(host.scan(Reduction::Sum, axis, None, &dst, &a), Answer::Done);
+        prop_assert_eq!(host.scan(Reduction::Sum, axis, None, &[&dst], &a), Answer::Done);
         let (want, mag) = naive_cumsum(&shape, axis, &xs.iter().map(|&v| f64::from(v)).collect::<Vec<_>>());
         let got = dst.to_vec().unwrap();
         for k in 0..n {
@@ -110,7 +110,7 @@ proptest! {
         let ia = arr(&shape, &ints, strided);
         let id = Array::<i32>::zeros(DEV, &shape).unwrap();
         for r in [Reduction::Sum, Reduction::Prod, Reduction::Max, Reduction::Min] {
-            prop_assert_eq!(host.scan(r, axis, None, &id, &ia), Answer::Done);
+            prop_assert_eq!(host.scan(r, axis, None, &[&id], &ia), Answer::Done);
             let got = id.to_vec().unwrap();
             for k in 0..n {
                 let mut idx = unflat(&shape, k);
@@ -134,7 +134,7 @@ fn a_scan_of_a_prefix_is_the_prefix_of_the_scan_and_resumes_from_a_carry() {
     let n = 19 * 4096 + 77; // past several groups of blocks (8 blocks of 4096 run side by side)
     let xs: Vec<f32> = (0..n).map(val).collect();
     let whole = Array::<f32>::zeros(DEV, &[n]).unwrap();
-    assert_eq!(host.scan(Reduction::Sum, 0, None, &whole, &arr(&[n], &xs, false)), Answer::Done);
+    assert_eq!(host.scan(Reduction::Sum, 0, None, &[&whole], &arr(&[n], &xs, false)), Answer::Done);
     let whole = whole.to_vec().unwrap();
     // the stated association, written here: result k of block b is (T₀ + … + T_{b−1}) + x_lo + …
     // + x_k, in order, each total T the block's own sum from its first term
@@ -154,7 +154,7 @@ fn a_scan_of_a_prefix_is_the_prefix_of_the_scan_and_resumes_from_a_carry() {
     assert_eq!(bits(&whole), bits(&want), "the stated association");
     for m in [1, 4095, 4096, 4097, 8192 + 5, 8 * 4096, 8 * 4096 + 1, 16 * 4096 + 3, n - 1] {
         let part = Array::<f32>::zeros(DEV, &[m]).unwrap();
-        assert_eq!(host.scan(Reduction::Sum, 0, None, &part, &arr(&[m], &xs[..m], true)), Answer::Done);
+        assert_eq!(host.scan(Reduction::Sum, 0, None, &[&part], &arr(&[m], &xs[..m], true)), Answer::Done);
         assert_eq!(bits(&part.to_vec().unwrap()), bits(&whole[..m]), "prefix of {m}");
     }
     // the same bits on 1, 2 and 8 threads: one long lane (its blocks in parallel) and many lanes
@@ -164,7 +164,7 @@ fn a_scan_of_a_prefix_is_the_prefix_of_the_scan_and_resumes_from_a_carry() {
         let x = arr(&shape, &(0..len).map(val).collect::<Vec<_>>(), true);
         let run = |t: usize| {
             let d = Array::<f32>::zeros(DEV, &shape).unwrap();
-            assert_eq!(Host::with_threads(t).unwrap().scan(Reduction::Sum, axis, None, &d, &x), Answer::Done);
+            assert_eq!(Host::with_threads(t).unwrap().scan(Reduction::Sum, axis, None, &[&d], &x), Answer::Done);
             d.to_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
         let one = run(1);
@@ -175,19 +175,19 @@ fn a_scan_of_a_prefix_is_the_prefix_of_the_scan_and_resumes_from_a_carry() {
     let ints: Vec<i64> = (0..n as i64).map(|k| k * k - 3 * k).collect();
     for r in [Reduction::Sum, Reduction::Max, Reduction::Min, Reduction::Prod] {
         let all = Array::<i64>::zeros(DEV, &[n]).unwrap();
-        assert_eq!(host.scan(r, 0, None, &all, &arr(&[n], &ints, false)), Answer::Done);
+        assert_eq!(host.scan(r, 0, None, &[&all], &arr(&[n], &ints, false)), Answer::Done);
         let all = all.to_vec().unwrap();
         let m = 5000;
         let carry = Array::from_vec(DEV, &[], vec![all[m - 1]]).unwrap();
         let rest = Array::<i64>::zeros(DEV, &[n - m]).unwrap();
-        assert_eq!(host.scan(r, 0, Some(&carry), &rest, &arr(&[n - m], &ints[m..], true)), Answer::Done);
+        assert_eq!(host.scan(r, 0, Some(&carry), &[&rest], &arr(&[n - m], &ints[m..], true)), Answer::Done);
         assert_eq!(rest.to_vec().unwrap(), all[m..], "{r:?} resumed at {m}");
     }
     // bf16 sums in f32 from a f32 carry, each result rounded once
     let hs: Vec<bf16> = (0..300).map(|k| bf16::from_f32(val(k))).collect();
     let carry = Array::from_vec(DEV, &[], vec![0.375f32]).unwrap();
     let d = Array::<bf16>::zeros(DEV, &[300]).unwrap();
-    assert_eq!(host.scan(Reduction::Sum, 0, Some(&carry), &d, &arr(&[300], &hs, false)), Answer::Done);
+    assert_eq!(host.scan(Reduction::Sum, 0, Some(&carry), &[&d], &arr(&[300], &hs, false)), Answer::Done);
     let mut acc = 0.375f32;
     let want: Vec<bf16> = hs
         .iter()
@@ -204,47 +204,53 @@ fn scans_keep_special_values_and_refuse_what_does_not_fit() {
     let host = Host::new();
     let xs = [1.0f32, f32::NAN, 3.0, -0.0];
     let d = Array::<f32>::zeros(DEV, &[4]).unwrap();
-    assert_eq!(host.scan(Reduction::Max, 0, None, &d, &arr(&[4], &xs, false)), Answer::Done);
+    assert_eq!(host.scan(Reduction::Max, 0, None, &[&d], &arr(&[4], &xs, false)), Answer::Done);
     let got = d.to_vec().unwrap();
     assert!(got[0] == 1.0 && got[1].is_nan() && got[2].is_nan() && got[3].is_nan());
     // a sum from +0: of −0 terms +0; a product from its first term keeps −0
     let z = [-0.0f32, -0.0];
     assert_eq!(
-        host.scan(Reduction::Sum, 0, None, &Array::<f32>::zeros(DEV, &[2]).unwrap(), &arr(&[2], &z, false)),
+        host.scan(Reduction::Sum, 0, None, &[&Array::<f32>::zeros(DEV, &[2]).unwrap()], &arr(&[2], &z, false)),
         Answer::Done
     );
     let s = Array::<f32>::zeros(DEV, &[2]).unwrap();
-    host.scan(Reduction::Sum, 0, None, &s, &arr(&[2], &z, false));
+    host.scan(Reduction::Sum, 0, None, &[&s], &arr(&[2], &z, false));
     assert!(s.to_vec().unwrap().iter().all(|v| v.to_bits() == 0));
     let p = Array::<f32>::zeros(DEV, &[2]).unwrap();
-    host.scan(Reduction::Prod, 0, None, &p, &arr(&[2], &[-0.0f32, 2.0], false));
+    host.scan(Reduction::Prod, 0, None, &[&p], &arr(&[2], &[-0.0f32, 2.0], false));
     assert!(p.to_vec().unwrap().iter().all(|v| v.to_bits() == (-0.0f32).to_bits()));
     // bool Max and Min are cumulative any and all
     let b = Array::<bool>::zeros(DEV, &[3]).unwrap();
-    host.scan(Reduction::Max, 0, None, &b, &arr(&[3], &[false, true, false], false));
+    host.scan(Reduction::Max, 0, None, &[&b], &arr(&[3], &[false, true, false], false));
     assert_eq!(b.to_vec().unwrap(), [false, true, true]);
     // refusals, before any write
     let f = arr(&[4], &[1.0f32, 2.0, 3.0, 4.0], false);
     assert_eq!(
-        host.scan(Reduction::Sum, 0, None, &Array::<bool>::zeros(DEV, &[3]).unwrap(), &arr(&[3], &[true; 3], false)),
+        host.scan(Reduction::Sum, 0, None, &[&Array::<bool>::zeros(DEV, &[3]).unwrap()], &arr(&[3], &[true; 3], false)),
         Answer::WrongDtype
     );
-    assert_eq!(host.scan(Reduction::Sum, 0, None, &Array::<f64>::zeros(DEV, &[4]).unwrap(), &f), Answer::WrongDtype);
-    assert_eq!(host.scan(Reduction::Logsumexp, 0, None, &d, &f), Answer::Declined);
-    assert_eq!(host.scan(Reduction::Sum, 1, None, &d, &f), Answer::ShapeMismatch);
+    assert_eq!(host.scan(Reduction::Sum, 0, None, &[&Array::<f64>::zeros(DEV, &[4]).unwrap()], &f), Answer::WrongDtype);
+    let ints = arr(&[4], &[1i32, 2, 3, 4], false);
+    let di = Array::<i32>::zeros(DEV, &[4]).unwrap();
+    assert_eq!(host.scan(Reduction::Logsumexp, 0, None, &[&di], &ints), Answer::WrongDtype, "integers have no lse");
+    assert_eq!(host.scan(Reduction::Moments, 0, None, &[&d], &f), Answer::ShapeMismatch, "one destination of two");
+    assert_eq!(host.scan(Reduction::Sum, 1, None, &[&d], &f), Answer::ShapeMismatch);
     let c = Array::<f64>::zeros(DEV, &[]).unwrap();
-    assert_eq!(host.scan(Reduction::Sum, 0, Some(&c), &d, &f), Answer::WrongDtype);
+    assert_eq!(host.scan(Reduction::Sum, 0, Some(&c), &[&d], &f), Answer::WrongDtype);
     let c = Array::<f32>::zeros(DEV, &[2]).unwrap();
-    assert_eq!(host.scan(Reduction::Sum, 0, Some(&c), &d, &f), Answer::ShapeMismatch);
-    assert_eq!(host.scan(Reduction::Sum, 0, None, &Array::<f32>::zeros(DEV, &[5]).unwrap(), &f), Answer::ShapeMismatch);
+    assert_eq!(host.scan(Reduction::Sum, 0, Some(&c), &[&d], &f), Answer::ShapeMismatch);
+    assert_eq!(
+        host.scan(Reduction::Sum, 0, None, &[&Array::<f32>::zeros(DEV, &[5]).unwrap()], &f),
+        Answer::ShapeMismatch
+    );
     let cplx = Array::<num_complex::Complex32>::zeros(DEV, &[2]).unwrap();
-    assert_eq!(host.scan(Reduction::Max, 0, None, &cplx, &cplx.copy().unwrap()), Answer::Declined);
+    assert_eq!(host.scan(Reduction::Max, 0, None, &[&cplx], &cplx.copy().unwrap()), Answer::Declined);
     assert_eq!(
         host.scan(
             Reduction::Sum,
             0,
             None,
-            &Array::<f32>::zeros(DEV, &[]).unwrap(),
+            &[&Array::<f32>::zeros(DEV, &[]).unwrap()],
             &Array::<f32>::zeros(DEV, &[]).unwrap()
         ),
         Answer::ShapeMismatch
@@ -600,7 +606,7 @@ fn review_cases_offsets_identical_operands_carries_of_rank_one_and_queued_indice
     assert_eq!(host.scatter(Scatter::Add, 0, &a, Some(&a), &a.copy().unwrap(), &i3), Answer::Done, "into may be it");
     let f = arr(&[5], &[3.0f32, 1.0, 2.0, 0.0, 4.0], false);
     assert_eq!(host.sort(0, false, Some(&f), None, &f), Answer::Overlapping);
-    assert_eq!(host.scan(Reduction::Sum, 0, None, &f, &f), Answer::Overlapping);
+    assert_eq!(host.scan(Reduction::Sum, 0, None, &[&f], &f), Answer::Overlapping);
     assert_eq!(host.pad(&nx_kernels::Pad::none(1), nx_kernels::Value::Float(0.0), &f, &f), Answer::Overlapping);
     let s = Array::<f32>::zeros(DEV, &[2, 5]).unwrap();
     let row = s.apply(&Move::Slice { axis: 0, start: Some(0), stop: Some(1), step: 1 }).unwrap().unwrap();
@@ -609,7 +615,7 @@ fn review_cases_offsets_identical_operands_carries_of_rank_one_and_queued_indice
     let x = arr(&[3, 4], &(0..12).map(|k| k as i64).collect::<Vec<_>>(), true);
     let carry = arr(&[3], &[100i64, -100, 7], true);
     let d = Array::<i64>::zeros(DEV, &[3, 4]).unwrap();
-    assert_eq!(host.scan(Reduction::Sum, 1, Some(&carry), &d, &x), Answer::Done);
+    assert_eq!(host.scan(Reduction::Sum, 1, Some(&carry), &[&d], &x), Answer::Done);
     let mut want = Vec::new();
     for (r, c) in [100i64, -100, 7].iter().enumerate() {
         let mut acc = *c;

@@ -426,7 +426,7 @@ fn the_door_sees_bytes_at_bit_granularity_and_other_kernels_refuse_packed_operan
     let (fm, fi) = (nx_kernels::Factor::plain(&m), nx_kernels::Factor::plain(&mi));
     assert_eq!(host.contract_general(&spec, None, &out, fm, fi, None), Answer::WrongDtype);
     assert_eq!(host.sort(0, false, Some(&a), None, &a.copy().unwrap()), Answer::WrongDtype);
-    assert_eq!(host.scan(Reduction::Sum, 0, None, &a, &a.copy().unwrap()), Answer::WrongDtype);
+    assert_eq!(host.scan(Reduction::Sum, 0, None, &[&a], &a.copy().unwrap()), Answer::WrongDtype);
     let e = nx_kernels::dlpack::export(&a.clone().into_any(), nx_kernels::Access::Read).unwrap_err();
     assert!(e.to_string().contains("packed"), "{e}");
     // the public door refuses them too (a kernel library addressing bytes)

@@ -69,7 +69,7 @@ pub(crate) fn rows(size: usize, repeats: usize, python: &str) -> Result<(Vec<Row
     let mut run: Vec<Box<dyn FnMut()>> = vec![
         Box::new(|| ok(host.gather(0, &gathered, &table, &idx))),
         Box::new(|| ok(host.scatter(Scatter::Add, 0, &grad, None, &gathered, &idx))),
-        Box::new(|| ok(host.scan(Reduction::Sum, 0, None, &cs, &x))),
+        Box::new(|| ok(host.scan(Reduction::Sum, 0, None, &[&cs], &x))),
         Box::new(|| ok(host.sort(0, false, Some(&sv), Some(&sp), &x))),
         Box::new(|| ok(host.sort(1, true, Some(&tv), Some(&tp), &y))),
         Box::new(|| ok(host.attention(&spec, &o, &lse, &qkv[0], Kv::Dense { k: &qkv[1], v: &qkv[2] }, None))),

@@ -4,16 +4,20 @@
 //! # What it computes and declines
 //!
 //! - **map**: every program ([`crate::prog::Prog`]) over operands of any dtype and layout
-//!   (strided, broadcast, offset) into C-contiguous destinations. Declines destinations that are not
-//!   C-contiguous.
+//!   (strided, broadcast, offset) into C-contiguous destinations, and over padded and windowed
+//!   loads ([`crate::Load`]; `map_loads`, `reduce_loads`): each element of such a load is found
+//!   from its index (its windows, then the padding, else the operand's element), the padded
+//!   operand never materialised. Declines destinations that are not C-contiguous.
 //! - **reduce**: `Sum` and `Prod` of every dtype but booleans, `Max`, `Min` and `Arg` of every real
 //!   dtype and booleans, `Logsumexp` and `Moments` of real floats. Declines `Max`, `Min` and `Arg`
 //!   of complex terms (the contract leaves their order open; this library gives none yet).
 //! - **contract**: `f32`, `f64`, `c64`, `c128` natively, `f16` and `bf16` widened exactly to `f32`
 //!   and accumulated there, each output rounded once into its dtype. Declines integers and
 //!   booleans. Operands and `init` must share the destination's dtype (else `WrongDtype`).
-//! - **scan**: `Sum`, `Prod`, `Max` and `Min` of every dtype it reduces, from an optional carry;
-//!   declines `Logsumexp`, `Moments` and `Arg` scans and `Max`/`Min` of complex terms.
+//! - **scan**: every reduction of the dtypes it reduces (`Sum`, `Prod`, `Max`, `Min`,
+//!   `Logsumexp`, `Moments`, `Arg`), from an optional carry for the first five; declines a carry
+//!   of `Moments` or `Arg` (their state is more than one carrier value) and `Max`, `Min` and
+//!   `Arg` of complex terms.
 //! - **gather**, **range gather**, **scatter** (`Set`, `Add`), **assemble**: every dtype (a
 //!   scatter's `Add` every dtype but booleans), `i64` indices. An index outside its axis is
 //!   refused as `IndexOutOfRange` before any write (on a queued device, when the work runs: the
@@ -81,6 +85,10 @@
 //!   left to right (`r_i = C_k ⊕ x_{4096k} ⊕ … ⊕ x_i`, one combination per term); `C_0` is the
 //!   carry (a `Sum` without one: +0; the others: nothing, so the first result is the first term),
 //!   and `C_{k+1} = C_k ⊕ T_k`, `T_k` block k's terms combined left to right from its first.
+//!   `Logsumexp`, `Moments` and `Arg` scans combine the reductions' own per-term states (the
+//!   maximum and Σ exp(x − m) in `f64`; the count, mean and sum of squared deviations in `f64`,
+//!   by Chan's formula; the extreme and its first position) in the same blocks, and finish each
+//!   result as the reduction finishes its terms: its special values.
 //!   Blocks do not depend on the lane's length, so the scan of a prefix is the prefix of the
 //!   scan; many lanes run in parallel, a few long ones block by block (totals, then results), a
 //!   task running the chains of 8 whole blocks side by side; the same combinations either way:
@@ -168,7 +176,10 @@
 //!   in the carrier's terms (plus the final rounding).
 //! - A `Sum` scan's result i (k = ⌊i/4096⌋) is within γ(i + 2)·(|carry| + Σ|x|) of the exact sum
 //!   of the carry and its terms (each term passes through at most i + 1 additions); a `Prod`
-//!   within a relative γ(i + 2). Integer, boolean, `Max` and `Min` scans are exact.
+//!   within a relative γ(i + 2). Integer, boolean, `Max`, `Min` and `Arg` scans are exact. A
+//!   `Logsumexp` scan's result i is within (4(i + 2) + 2|L|)·u₆₄ of the exact L of the carry and
+//!   its terms, plus the rounding into the destination; a `Moments` scan's mean within
+//!   4(i + 2)·u₆₄·max|x| and its variance within 8(i + 2)·u₆₄·max|x|², plus that rounding.
 //! - A `Sum` fold of a window of K elements is within γ(K − 1)·Σ|x| (left to right from +0).
 //! - Attention: with A = max over a row's visible pairs of s·Σ|qᵢkᵢ|, `lse` is within
 //!   ε = u·((dk + 2)·A + tk + 8 + |L|) of the exact log-sum-exp L, and each element of `o` within
@@ -474,10 +485,10 @@ impl Kernels for Host {
         reduction: Reduction,
         axis: usize,
         carry: Option<&dyn Operand>,
-        dst: &dyn Operand,
+        dsts: &[&dyn Operand],
         src: &dyn Operand,
     ) -> Answer {
-        scan::scan(&self.par, reduction, axis, carry, dst, src)
+        scan::scan(&self.par, reduction, axis, carry, dsts, src)
     }
 
     fn gather(&self, axis: usize, dst: &dyn Operand, src: &dyn Operand, index: &dyn Operand) -> Answer {

@@ -204,7 +204,7 @@ complex_term!(Complex64, Complex64::new(0.0, 0.0), Complex64::new(1.0, 0.0));
 
 /// A chunk's (or several chunks') partial result.
 #[derive(Clone, Copy, Debug)]
-enum Partial<T> {
+pub(crate) enum Partial<T> {
     Sum(T),
     Prod(T),
     Ext(T),
@@ -234,7 +234,7 @@ crate::simd_fn! {
     }
 }
 
-fn chunk<T: Term>(simd: Simd, r: Reduction, xs: &[T], base: i64) -> Partial<T> {
+pub(crate) fn chunk<T: Term>(simd: Simd, r: Reduction, xs: &[T], base: i64) -> Partial<T> {
     match r {
         Reduction::Sum => Partial::Sum(sum_chunk(simd, xs)),
         Reduction::Prod => Partial::Prod(xs[1..].iter().fold(xs[0], |a, &x| a.mul(x))),
@@ -281,7 +281,7 @@ fn chunk<T: Term>(simd: Simd, r: Reduction, xs: &[T], base: i64) -> Partial<T> {
 }
 
 /// Combines the partials of two runs of terms, `a` the earlier.
-fn combine<T: Term>(r: Reduction, a: Partial<T>, b: Partial<T>) -> Partial<T> {
+pub(crate) fn combine<T: Term>(r: Reduction, a: Partial<T>, b: Partial<T>) -> Partial<T> {
     match (a, b) {
         (Partial::Sum(x), Partial::Sum(y)) => Partial::Sum(x.add(y)),
         (Partial::Prod(x), Partial::Prod(y)) => Partial::Prod(x.mul(y)),
@@ -336,7 +336,7 @@ pub(crate) fn tree_by<P: Copy>(ps: &[P], f: &impl Fn(P, P) -> P) -> Option<P> {
 }
 
 /// The result values (one or two) of `r` over terms whose partial is `p` (`None`: no term).
-fn finish<T: Term>(r: Reduction, p: Option<Partial<T>>) -> (Value, Option<Value>) {
+pub(crate) fn finish<T: Term>(r: Reduction, p: Option<Partial<T>>) -> (Value, Option<Value>) {
     let nan = Value::Float(f64::NAN);
     match (r, p) {
         (Reduction::Sum, None) => (T::ZERO.value(), None),
@@ -512,7 +512,7 @@ fn finish_any(r: Reduction, ty: Ty, ps: impl Iterator<Item = AnyPartial>) -> (Va
 ///
 /// # Safety
 /// An exclusive claim on the destination is held and `at` is one of its positions.
-unsafe fn store_value(d: Dtype, p: Ptr, at: isize, v: Value) {
+pub(crate) unsafe fn store_value(d: Dtype, p: Ptr, at: isize, v: Value) {
     macro_rules! go {
         ($t:ty) => {
             // SAFETY: the caller's contract.

@@ -1,5 +1,6 @@
-//! The scan kernel: Sum, Prod, Max and Min along an axis, from an optional carry, in blocks of
-//! [`BLOCK`] terms (see the library's docs for the association and its bound).
+//! The scan kernel: every reduction along an axis (Sum, Prod, Max, Min, Logsumexp, Moments,
+//! Arg), from an optional carry, in blocks of [`BLOCK`] terms (see the library's docs for the
+//! association and its bound).
 
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
@@ -7,13 +8,13 @@ use rayon::prelude::*;
 
 use super::eval::Ptr;
 use super::lanes::Lanes;
-use super::reduce::Term;
+use super::reduce::{chunk, combine, finish, store_value, Partial, Term};
 use super::reg::dispatch_dtype;
 use super::{destinations, through_door};
 use crate::door::Operand;
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
 use crate::kernels::{scan_refusal, Reduction};
-use crate::{Answer, Dtype, Element};
+use crate::{Answer, Dtype, Element, Simd};
 
 /// Terms a block holds: results of block k continue from the combination of the totals of the
 /// blocks before it.
@@ -112,19 +113,21 @@ pub(crate) fn scan(
     reduction: Reduction,
     axis: usize,
     carry: Option<&dyn Operand>,
-    dst: &dyn Operand,
+    dsts: &[&dyn Operand],
     src: &dyn Operand,
 ) -> Answer {
     let rank = src.layout().rank();
-    if let Some((a, _)) = scan_refusal(reduction, rank, axis, dst.dtype(), carry.map(|c| c.dtype()), src.dtype()) {
+    let dt: Vec<Dtype> = dsts.iter().map(|d| d.dtype()).collect();
+    if let Some((a, _)) = scan_refusal(reduction, rank, axis, &dt, carry.map(|c| c.dtype()), src.dtype()) {
         return a;
     }
     let mut read: Vec<&dyn Operand> = vec![src];
     read.extend(carry);
-    through_door(par, "scan", None, &[dst], &read, move |w, r, execute| {
-        let (dst, src, carry) = (w[0], r[0], r.get(1).copied());
+    let simd = par.simd();
+    through_door(par, "scan", None, dsts, &read, move |w, r, execute| {
+        let (src, carry) = (r[0], r.get(1).copied());
         let shape = src.layout().shape();
-        if dst.layout().shape() != shape {
+        if w.iter().any(|d| d.layout().shape() != shape) {
             return Answer::ShapeMismatch;
         }
         if carry.is_some_and(|c| crate::shape::carry(shape, axis).ok().as_deref() != Some(c.layout().shape())) {
@@ -138,7 +141,7 @@ pub(crate) fn scan(
         }
         macro_rules! go {
             ($t:ty) => {
-                run::<$t>(reduction, axis, carry, dst, src)
+                run::<$t>(simd, reduction, axis, carry, w, src)
             };
         }
         dispatch_dtype!(src.dtype(), go);
@@ -146,46 +149,111 @@ pub(crate) fn scan(
     })
 }
 
-fn run<T: Scan>(r: Reduction, axis: usize, carry: Option<&dyn Operand>, dst: &dyn Operand, src: &dyn Operand) {
+fn run<T: Scan>(
+    simd: Simd,
+    r: Reduction,
+    axis: usize,
+    carry: Option<&dyn Operand>,
+    dsts: &[&dyn Operand],
+    src: &dyn Operand,
+) {
+    let (dp, size) = (Ptr::of(dsts[0]), T::DTYPE.size() as isize);
+    // SAFETY (every `put` below): the door holds an exclusive claim on each destination; `at` is
+    // a position of its checked layout, written by the task that owns its lane (or block) alone.
+    let put = |at: &[isize], v: T::C| unsafe { T::store(dp.byte(at[0] * size), T::down(v)) };
+    let plain = |f: fn(T::C, T::C) -> T::C, from_zero: bool| Walk {
+        term: |x: T::C, _k: usize| x,
+        f,
+        carry: T::carry,
+        start: if from_zero { Some(<T::C as Term>::ZERO) } else { None },
+        put,
+    };
     match r {
-        Reduction::Sum => lanes::<T, _>(axis, carry, dst, src, true, Term::add),
-        Reduction::Prod => lanes::<T, _>(axis, carry, dst, src, false, Term::mul),
-        Reduction::Max => lanes::<T, _>(axis, carry, dst, src, false, Term::max),
-        Reduction::Min => lanes::<T, _>(axis, carry, dst, src, false, Term::min),
-        // refused by `scan_refusal`
-        _ => {}
+        Reduction::Sum => lanes::<T, _>(axis, carry, dsts, src, &plain(Term::add, true)),
+        Reduction::Prod => lanes::<T, _>(axis, carry, dsts, src, &plain(Term::mul, false)),
+        Reduction::Max => lanes::<T, _>(axis, carry, dsts, src, &plain(Term::max, false)),
+        Reduction::Min => lanes::<T, _>(axis, carry, dsts, src, &plain(Term::min, false)),
+        // the reduction's own partials, one a term, combined as blocks of terms combine them, and
+        // finished at every result: its special values and its bits for the terms so far
+        Reduction::Logsumexp | Reduction::Moments | Reduction::Arg(_) => {
+            let outs: Vec<(Ptr, Dtype)> = dsts.iter().map(|d| (Ptr::of(*d), d.dtype())).collect();
+            let walk = Walk {
+                term: move |x: T::C, k: usize| chunk(simd, r, &[x], k as i64),
+                f: move |a, b| combine(r, a, b),
+                carry: move |c: T::K| chunk(simd, r, &[T::carry(c)], 0),
+                start: None,
+                put: |at: &[isize], p: Partial<T::C>| {
+                    let (v, w) = finish(r, Some(p));
+                    // SAFETY: as for `put` above, for each destination.
+                    unsafe {
+                        store_value(outs[0].1, outs[0].0, at[0], v);
+                        if let (Some(w), Some(&(p, d))) = (w, outs.get(1)) {
+                            store_value(d, p, at[1], w);
+                        }
+                    }
+                },
+            };
+            lanes::<T, _>(axis, carry, dsts, src, &walk)
+        }
     }
+}
+
+/// How a scan walks its terms: each term's state (from its value in the carrier and its position
+/// along the lane), how two states combine (the earlier first), a carry's state, a `Sum`'s start,
+/// and how a result's state is written at the destinations' positions.
+struct Walk<S, Tm, F, K, P> {
+    term: Tm,
+    f: F,
+    carry: K,
+    start: Option<S>,
+    put: P,
 }
 
 /// Scans every lane along `axis`: lanes in parallel where there are enough, else each lane's
 /// blocks in parallel (the same combinations either way: the same bits).
-fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
+fn lanes<T, S>(
     axis: usize,
     carry: Option<&dyn Operand>,
-    dst: &dyn Operand,
+    dsts: &[&dyn Operand],
     src: &dyn Operand,
-    from_zero: bool,
-    f: F,
-) {
-    let (sl, dl) = (Lanes::new(src.layout(), axis), Lanes::new(dst.layout(), axis));
+    walk: &Walk<
+        S,
+        impl Fn(T::C, usize) -> S + Sync,
+        impl Fn(S, S) -> S + Sync,
+        impl Fn(T::K) -> S + Sync,
+        impl Fn(&[isize], S) + Sync,
+    >,
+) where
+    T: Scan,
+    S: Copy + Send + Sync,
+{
+    let sl = Lanes::new(src.layout(), axis);
+    let dls: Vec<Lanes> = dsts.iter().map(|d| Lanes::new(d.layout(), axis)).collect();
     let cl = carry.map(|c| Lanes::points(c.layout()));
-    let (sp, dp, cp) = (Ptr::of(src), Ptr::of(dst), carry.map(Ptr::of));
+    let (sp, cp) = (Ptr::of(src), carry.map(Ptr::of));
     let size = T::DTYPE.size() as isize;
     let ksize = T::K::DTYPE.size() as isize;
     let n = sl.len();
+    let f = &walk.f;
     let one = |lane: usize, split: bool| {
-        // SAFETY (every load and store below): the door holds the claims for the call; positions
-        // come from the checked layouts of the operands, lanes and indices in range; each task
-        // writes its own lane's (or block's) elements of the destination alone.
+        // SAFETY (every load below): the door holds the claims for the call; positions come from
+        // the checked layouts of the operands, lanes and indices in range.
         let start = cl.as_ref().map(|c| c.start(lane));
         // SAFETY: under the call's claims, at positions of the checked layouts (see above).
-        let c0: Option<T::C> = start.zip(cp).map(|(s, p)| T::carry(unsafe { T::K::load(p.byte(s * ksize)) }));
-        let c0 = c0.or(if from_zero { Some(<T::C as Term>::ZERO) } else { None });
-        let (s0, d0) = (sl.start(lane), dl.start(lane));
+        let c0: Option<S> = start.zip(cp).map(|(s, p)| (walk.carry)(unsafe { T::K::load(p.byte(s * ksize)) }));
+        let c0 = c0.or(walk.start);
+        let s0 = sl.start(lane);
+        let d0: Vec<isize> = dls.iter().map(|d| d.start(lane)).collect();
         // SAFETY: under the call's claims, at positions of the checked layouts (see above).
-        let get = |k: usize| unsafe { T::load(sp.byte((s0 + k as isize * sl.stride()) * size)).up() };
-        // SAFETY: under the call's claims, at positions of the checked layouts (see above).
-        let put = |k: usize, v: T::C| unsafe { T::store(dp.byte((d0 + k as isize * dl.stride()) * size), T::down(v)) };
+        let get = |k: usize| (walk.term)(unsafe { T::load(sp.byte((s0 + k as isize * sl.stride()) * size)).up() }, k);
+        // each destination's position of result k (at most two destinations)
+        let put = |k: usize, v: S| {
+            let mut at = [0isize; 2];
+            for (i, (d, l)) in d0.iter().zip(&dls).enumerate() {
+                at[i] = d + k as isize * l.stride();
+            }
+            (walk.put)(&at[..d0.len()], v)
+        };
         let blocks = n.div_ceil(BLOCK);
         if blocks == 0 {
             return; // an empty lane: nothing to write
@@ -197,8 +265,8 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
         };
         // the totals of WAYS whole blocks from block `b0`, their chains interleaved (the same
         // combinations as `total`'s, run side by side: the adds' latency hidden)
-        let totals_of = |b0: usize| -> [T::C; WAYS] {
-            let mut acc: [T::C; WAYS] = std::array::from_fn(|w| get((b0 + w) * BLOCK));
+        let totals_of = |b0: usize| -> [S; WAYS] {
+            let mut acc: [S; WAYS] = std::array::from_fn(|w| get((b0 + w) * BLOCK));
             for j in 1..BLOCK {
                 for (w, a) in acc.iter_mut().enumerate() {
                     *a = f(*a, get((b0 + w) * BLOCK + j));
@@ -207,7 +275,7 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
             acc
         };
         // a block's results, from what the blocks before it combine to
-        let results = |b: usize, before: Option<T::C>| {
+        let results = |b: usize, before: Option<S>| {
             let mut acc = before;
             for k in b * BLOCK..((b + 1) * BLOCK).min(n) {
                 let x = get(k);
@@ -220,8 +288,8 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
             }
         };
         // the results of WAYS whole blocks from block `b0`, interleaved as `totals_of`
-        let results_of = |b0: usize, before: &[Option<T::C>]| {
-            let mut acc: [T::C; WAYS] = std::array::from_fn(|w| {
+        let results_of = |b0: usize, before: &[Option<S>]| {
+            let mut acc: [S; WAYS] = std::array::from_fn(|w| {
                 let k = (b0 + w) * BLOCK;
                 let x = get(k);
                 let v = match before[w] {
@@ -248,12 +316,12 @@ fn lanes<T: Scan, F: Fn(T::C, T::C) -> T::C + Sync>(
         let threads = rayon::current_num_threads();
         let grouped = |g: usize| if split && g < threads { 0 } else { g };
         let groups = grouped((blocks - 1) / WAYS);
-        let totals: Vec<T::C> = if split {
-            let mut t: Vec<T::C> = (0..groups).into_par_iter().flat_map_iter(|g| totals_of(g * WAYS)).collect();
+        let totals: Vec<S> = if split {
+            let mut t: Vec<S> = (0..groups).into_par_iter().flat_map_iter(|g| totals_of(g * WAYS)).collect();
             t.par_extend((groups * WAYS..blocks - 1).into_par_iter().map(total));
             t
         } else {
-            let mut t: Vec<T::C> = (0..groups).flat_map(|g| totals_of(g * WAYS)).collect();
+            let mut t: Vec<S> = (0..groups).flat_map(|g| totals_of(g * WAYS)).collect();
             t.extend((groups * WAYS..blocks - 1).map(total));
             t
         };
