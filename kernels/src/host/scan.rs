@@ -158,9 +158,12 @@ fn run<T: Scan>(
     src: &dyn Operand,
 ) {
     let (dp, size) = (Ptr::of(dsts[0]), T::DTYPE.size() as isize);
-    // SAFETY (every `put` below): the door holds an exclusive claim on each destination; `at` is
-    // a position of its checked layout, written by the task that owns its lane (or block) alone.
-    let put = |at: &[isize], v: T::C| unsafe { T::store(dp.byte(at[0] * size), T::down(v)) };
+    // the door holds an exclusive claim on each destination; `at` is a position of its checked
+    // layout, written by the task that owns its lane (or block) alone
+    let put = |at: &[isize], v: T::C| {
+        // SAFETY: as said above.
+        unsafe { T::store(dp.byte(at[0] * size), T::down(v)) }
+    };
     let plain = |f: fn(T::C, T::C) -> T::C, from_zero: bool| Walk {
         term: |x: T::C, _k: usize| x,
         f,
@@ -184,7 +187,8 @@ fn run<T: Scan>(
                 start: None,
                 put: |at: &[isize], p: Partial<T::C>| {
                     let (v, w) = finish(r, Some(p));
-                    // SAFETY: as for `put` above, for each destination.
+                    // SAFETY: as for `put` above (the claim, a position of the checked layout, a
+                    // lane's own element), for each destination.
                     unsafe {
                         store_value(outs[0].1, outs[0].0, at[0], v);
                         if let (Some(w), Some(&(p, d))) = (w, outs.get(1)) {
