@@ -290,6 +290,65 @@ fn plain<'a>(loads: &[Load<'a>]) -> Option<Vec<&'a dyn Operand>> {
         .collect()
 }
 
+/// A program deciding an attention's visibility and scores ([`Kernels::attention_scored`]), run
+/// over the attention's loop `[lead…, hq, tq, tk]`: its load 0 is the pair's score `s × q·k` in
+/// the accumulator, its loads 1… are `loads` (each broadcast to the loop: biases, masks, slopes),
+/// its `coord(r − 2)` is the query row and `coord(r − 1)` the key, `r` the query's rank (the
+/// loop's). Output 0, a
+/// `bool`, says whether the pair is visible (besides the causal mask, lengths and pages); output
+/// 1, in the accumulator, is its score: ALiBi, soft-capping, sliding windows, prefix-LM masks.
+#[derive(Clone, Copy)]
+pub struct Scores<'a> {
+    /// The program.
+    pub prog: &'a Prog,
+    /// Its loads after the score.
+    pub loads: &'a [&'a dyn Operand],
+}
+
+/// `Some((refusal, why))` where an attention's score program `prog` over loads of `loads` (after
+/// the score), with an accumulator `acc` and a query of rank `rank`, does not fit: `WrongDtype`
+/// for a program that does not check, a load 0 that is not the accumulator's, a load not of its
+/// array's dtype, an output 0 that is not a `bool` or an output 1 not of the accumulator's type;
+/// `ShapeMismatch` for another number of loads or outputs than two, or a coordinate past the
+/// loop's rank (the query's). It reads no shape but the rank.
+pub fn scores_refusal(prog: &Prog, acc: crate::Dtype, rank: usize, loads: &[crate::Dtype]) -> Option<(Answer, String)> {
+    use crate::prog::Ty;
+    if let Err(e) = prog.check() {
+        return Some((Answer::WrongDtype, e));
+    }
+    let want = prog.load_dtypes();
+    if want.len() != loads.len() + 1 {
+        return Some((
+            Answer::ShapeMismatch,
+            format!("{} loads after the score for a program of {} loads", loads.len(), want.len()),
+        ));
+    }
+    if want[0] != acc {
+        return Some((Answer::WrongDtype, format!("the program's score is {}, the accumulator {acc}", want[0])));
+    }
+    if let Some(i) = (0..loads.len()).find(|&i| loads[i] != want[i + 1]) {
+        return Some((
+            Answer::WrongDtype,
+            format!("load {} is {}, the program loads {}", i + 1, loads[i], want[i + 1]),
+        ));
+    }
+    if prog.outputs() != 2 {
+        return Some((Answer::ShapeMismatch, format!("a score program of {} outputs, not 2", prog.outputs())));
+    }
+    let (vis, score) = (prog.output_ty(0), prog.output_ty(1));
+    if vis != Some(Ty::Bool) || score != Some(Ty::of(acc)) {
+        let name = |t: Option<Ty>| t.map_or_else(String::new, |t| t.dtype().to_string());
+        return Some((
+            Answer::WrongDtype,
+            format!("outputs of {} and {}: a bool and the accumulator {acc}", name(vis), name(score)),
+        ));
+    }
+    if let Some(a) = prog.max_coord().filter(|&a| a >= rank) {
+        return Some((Answer::ShapeMismatch, format!("coord({a}) on an attention loop of rank {rank}")));
+    }
+    None
+}
+
 /// The kernel contract, for a library of kernels that compute on some devices' memory.
 ///
 /// Each method takes attributes, then destinations, then operands, and answers as the [module
@@ -489,6 +548,25 @@ pub trait Kernels {
     fn attention(
         &self,
         _spec: &Attention,
+        _o: &dyn Operand,
+        _lse: &dyn Operand,
+        _q: &dyn Operand,
+        _kv: Kv<'_>,
+        _lengths: Option<&dyn Operand>,
+    ) -> Answer {
+        Answer::Declined
+    }
+
+    /// [`Kernels::attention`] with a score program ([`Scores`]): a pair is visible where it is
+    /// as `attention` says and the program's output 0 holds, and its score is the program's
+    /// output 1 (given `s × q·k`); [`scores_refusal`] names a program that does not fit, and a
+    /// load that does not broadcast to the loop is refused as `ShapeMismatch`. The default
+    /// declines.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_scored(
+        &self,
+        _spec: &Attention,
+        _scores: Scores<'_>,
         _o: &dyn Operand,
         _lse: &dyn Operand,
         _q: &dyn Operand,

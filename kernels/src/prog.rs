@@ -237,6 +237,11 @@ impl Prog {
         self.outputs.len()
     }
 
+    /// The compute type of output `i`; `None` where the program has no output `i`.
+    pub fn output_ty(&self, i: usize) -> Option<Ty> {
+        self.outputs.get(i).map(|v| self.ty(*v))
+    }
+
     /// The loads' dtypes.
     pub fn load_dtypes(&self) -> &[Dtype] {
         &self.loads

@@ -11,11 +11,13 @@
 use rayon::prelude::*;
 
 use super::attention_rows::RowOps;
+use super::attention_scores::{ScoreProg, Tile};
 use super::eval::Ptr;
+use super::reg::{Reg, Src};
 use super::{destinations, through_door};
 use crate::door::Operand;
 use crate::dtype::fp8::{F8E4M3, F8E5M2};
-use crate::kernels::{attention_refusal, Attention, Kv};
+use crate::kernels::{attention_refusal, scores_refusal, Attention, Kv, Scores};
 use crate::shape::KvShape;
 use crate::{Answer, Dtype, Element, Simd};
 
@@ -49,10 +51,14 @@ trait Acc: faer::traits::ComplexField + Copy + Send + Sync + PartialOrd + 'stati
     /// Replaces each `x` of `row` by `exp(s·x − m)`; answers their sum, in 16 lanes
     /// ([`attention_rows`](super::attention_rows)).
     fn exp_row(simd: Simd, row: &mut [Self], s: Self, m: Self) -> Self;
+    /// A register of these values.
+    fn reg(xs: Vec<Self>) -> Reg;
+    /// Element `i` of a register of the accumulator's type.
+    fn at(src: &Src<'_>, i: usize) -> Self;
 }
 
 macro_rules! acc {
-    ($t:ty) => {
+    ($t:ty, $v:ident) => {
         impl Acc for $t {
             const ZERO: Self = 0.0;
             const NEG_INF: Self = <$t>::NEG_INFINITY;
@@ -126,11 +132,18 @@ macro_rules! acc {
             fn exp_row(simd: Simd, row: &mut [Self], s: Self, m: Self) -> Self {
                 <$t as RowOps>::exp_row(simd, row, s, m)
             }
+            fn reg(xs: Vec<Self>) -> Reg {
+                Reg::$v(xs)
+            }
+            fn at(src: &Src<'_>, i: usize) -> Self {
+                let Src::$v(v) = src else { unreachable!("scores_refusal: output 1 is the accumulator's") };
+                v[i]
+            }
         }
     };
 }
-acc!(f32);
-acc!(f64);
+acc!(f32, F);
+acc!(f64, D);
 
 /// Stores `x` as an element of float dtype `d` at `p`, rounded once.
 ///
@@ -203,9 +216,11 @@ impl View {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     par: &std::sync::Arc<super::par::Par>,
     spec: &Attention,
+    scores: Option<Scores<'_>>,
     o: &dyn Operand,
     lse: &dyn Operand,
     q: &dyn Operand,
@@ -223,10 +238,19 @@ pub(crate) fn attention(
     if table.is_some_and(|t| t.dtype() != Dtype::I64) || lengths.is_some_and(|l| l.dtype() != Dtype::I64) {
         return Answer::WrongDtype;
     }
+    if let Some(sc) = scores {
+        let lt: Vec<Dtype> = sc.loads.iter().map(|l| l.dtype()).collect();
+        if let Some((a, _)) = scores_refusal(sc.prog, spec.acc, rank, &lt) {
+            return a;
+        }
+    }
     let mut read: Vec<&dyn Operand> = vec![q, k, v];
     read.extend(table);
     read.extend(lengths);
+    let first_load = read.len();
+    read.extend(scores.iter().flat_map(|sc| sc.loads.iter().copied()));
     let (paged, has_len) = (table.is_some(), lengths.is_some());
+    let prog = scores.map(|sc| sc.prog.clone());
     let spec = spec.clone();
     let simd = par.simd();
     through_door(par, "attention", None, &[o, lse], &read, move |w, r, execute| {
@@ -251,6 +275,15 @@ pub(crate) fn attention(
         if lengths.is_some_and(|l| l.layout().shape() != want.lengths) {
             return Answer::ShapeMismatch;
         }
+        // the score program's loads broadcast to the loop [lead…, hq, tq, tk]
+        let loop_shape: Vec<usize> = qs[..lead].iter().copied().chain([hq, tq, tk]).collect();
+        let scored = match &prog {
+            None => None,
+            Some(p) => match ScoreProg::new(p, &r[first_load..], &loop_shape) {
+                Ok(sp) => Some(sp),
+                Err(a) => return a,
+            },
+        };
         if let Some(a) = destinations(w, r) {
             return a;
         }
@@ -283,9 +316,9 @@ pub(crate) fn attention(
         };
         let dims = Dims { lead, hq, hk, tq, tk, dk, dv, page, pages, simd };
         if spec.acc == Dtype::F64 {
-            run::<f64>(&spec, &views, &dims, &lens);
+            run::<f64>(&spec, scored.as_ref(), &views, &dims, &lens);
         } else {
-            run::<f32>(&spec, &views, &dims, &lens);
+            run::<f32>(&spec, scored.as_ref(), &views, &dims, &lens);
         }
         Answer::Done
     })
@@ -346,7 +379,7 @@ fn pack<A: Acc>(p: &mut Packed<A>, x: &Views, d: &Dims, b: usize, g: usize, len:
     }
 }
 
-fn run<A: Acc>(spec: &Attention, x: &Views, d: &Dims, lens: &[usize]) {
+fn run<A: Acc>(spec: &Attention, scored: Option<&ScoreProg>, x: &Views, d: &Dims, lens: &[usize]) {
     let lead_n: usize = x.q.shape[..d.lead].iter().product();
     let s = A::of(spec.scale);
     let group = d.hq / d.hk;
@@ -360,7 +393,7 @@ fn run<A: Acc>(spec: &Attention, x: &Views, d: &Dims, lens: &[usize]) {
             let h = g * group + task / blocks;
             let i0 = (task % blocks) * QB;
             let i1 = (i0 + QB).min(d.tq);
-            rows(d.simd, spec, s, x, d, packed, b, h, i0, i1);
+            rows(d.simd, spec, scored, s, x, d, packed, b, h, i0, i1);
         });
     });
 }
@@ -371,7 +404,7 @@ crate::simd_fn! {
     /// baseline's legacy SSE instructions with the vector registers' upper halves dirty ran the
     /// whole kernel 15× slower on an Intel Xeon (3.6 against 56 GFLOP/s before the row loops were
     /// vectorised; 160 with them).
-    fn rows<A: Acc>(simd: Simd, spec: &Attention, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: usize, h: usize, i0: usize, i1: usize) {
+    fn rows<A: Acc>(simd: Simd, spec: &Attention, scored: Option<&ScoreProg>, s: A, x: &Views, d: &Dims, kv: &Packed<A>, b: usize, h: usize, i0: usize, i1: usize) {
         let (bq, n) = (i1 - i0, kv.pos.len());
         let qs = x.q.strides[x.q.strides.len() - 1];
         let mut qt = Vec::with_capacity(bq * d.dk);
@@ -383,6 +416,10 @@ crate::simd_fn! {
         let mut poisoned = vec![false; bq];
         let mut acc = vec![A::ZERO; bq * d.dv];
         let mut sc = vec![A::ZERO; bq * KB];
+        let mut regs = scored.map(|p| p.registers(bq * KB));
+        // with a score program, its output is the score the softmax takes: no further scale
+        let s = if scored.is_some() { A::of(1.0) } else { s };
+        let s_raw = A::of(spec.scale);
         // the last key a row may see under the causal mask
         let last = |i: usize| spec.causal.map(|c| (i as i64).saturating_add(c));
         let mut j0 = 0;
@@ -406,6 +443,18 @@ crate::simd_fn! {
                 let km = faer::MatRef::from_raw_parts(kv.k.as_ptr().add(j0 * d.dk), bk, d.dk, d.dk as isize, 1);
                 let sm = faer::MatMut::from_raw_parts_mut(sc.as_mut_ptr().add(r0 * bk), rows, bk, bk as isize, 1);
                 faer::linalg::matmul::matmul(sm, faer::Accum::Replace, qm, km.transpose(), A::of(1.0), faer::Par::Seq);
+            }
+            if let (Some(p), Some(regs)) = (scored, regs.as_mut()) {
+                // the program's visibility and score of each pair; a hidden pair weighs exp(−∞) = 0
+                let tile = &mut sc[r0 * bk..bq * bk];
+                let scores = A::reg(tile.iter().map(|&x| x.fmul(s_raw)).collect());
+                let t = Tile { b, h, rows: i0 + r0..i1, keys: &kv.pos[j0..j1] };
+                // SAFETY: the door's claims on the program's loads are held for the whole call.
+                let (vis, score) = unsafe { p.run(regs, &t, scores) };
+                let Src::B(vis) = vis else { unreachable!("scores_refusal: output 0 is a bool") };
+                for (e, x) in tile.iter_mut().enumerate() {
+                    *x = if vis[e] { A::at(&score, e) } else { A::NEG_INF };
+                }
             }
             for r in r0..bq {
                 let row = &mut sc[r * bk..(r + 1) * bk];

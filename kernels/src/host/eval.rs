@@ -173,19 +173,7 @@ impl<'p> Bound<'p> {
             let contiguous = padding.is_none() && layout.is_contiguous() && layout.is_distinct();
             sources.push(Source { dtype: l.dtype(), base: Ptr::of(*l), layout, contiguous, padding });
         }
-        let mut live = vec![false; prog.nodes.len()];
-        let mut stack: Vec<usize> = prog.outputs.iter().map(|v| v.0).collect();
-        while let Some(i) = stack.pop() {
-            if std::mem::replace(&mut live[i], true) {
-                continue;
-            }
-            match &prog.nodes[i].0 {
-                Node::Unary(_, x) | Node::Cast(_, x) => stack.push(x.0),
-                Node::Binary(_, x, y) | Node::Compare(_, x, y) => stack.extend([x.0, y.0]),
-                Node::Select(c, x, y) => stack.extend([c.0, x.0, y.0]),
-                _ => {}
-            }
-        }
+        let live = live(prog);
         let direct = prog
             .nodes
             .iter()
@@ -276,19 +264,6 @@ impl<'p> Bound<'p> {
                         unsafe { reg::load_runs(s.dtype, s.base.0, &mut runs, out) }
                     }
                 }
-                // A constant's register keeps its values from block to block.
-                Node::Const(c) => {
-                    if out.view().len() != len {
-                        out.clear();
-                        out.fill(*c, len);
-                    }
-                }
-                Node::Weak(s) => {
-                    if out.view().len() != len {
-                        out.clear();
-                        out.fill(crate::prog::scalar_value(*s), len);
-                    }
-                }
                 Node::Coord(a) => {
                     let axis = self.axis_of[*a];
                     let inner: usize = self.shape[axis + 1..].iter().product();
@@ -297,21 +272,53 @@ impl<'p> Bound<'p> {
                     v.clear();
                     v.extend((start..start + len).map(|f| ((f / inner.max(1)) % n) as i64));
                 }
-                Node::Unary(op, x) => reg::unary(*op, self.view(done, x.0, start, len), out),
-                Node::Binary(op, x, y) => {
-                    reg::binary(*op, self.view(done, x.0, start, len), self.view(done, y.0, start, len), out)
-                }
-                Node::Compare(op, x, y) => {
-                    reg::compare(*op, self.view(done, x.0, start, len), self.view(done, y.0, start, len), out)
-                }
-                Node::Select(c, x, y) => reg::select(
-                    self.view(done, c.0, start, len),
-                    self.view(done, x.0, start, len),
-                    self.view(done, y.0, start, len),
-                    out,
-                ),
-                Node::Cast(d, x) => reg::cast(self.view(done, x.0, start, len), *d, out),
+                node => compute(node, len, |k| self.view(done, k, start, len), out),
             }
         }
+    }
+}
+
+/// Which nodes of `prog` its outputs read, directly or through others.
+pub(crate) fn live(prog: &Prog) -> Vec<bool> {
+    let mut live = vec![false; prog.nodes.len()];
+    let mut stack: Vec<usize> = prog.outputs.iter().map(|v| v.0).collect();
+    while let Some(i) = stack.pop() {
+        if std::mem::replace(&mut live[i], true) {
+            continue;
+        }
+        match &prog.nodes[i].0 {
+            Node::Unary(_, x) | Node::Cast(_, x) => stack.push(x.0),
+            Node::Binary(_, x, y) | Node::Compare(_, x, y) => stack.extend([x.0, y.0]),
+            Node::Select(c, x, y) => stack.extend([c.0, x.0, y.0]),
+            _ => {}
+        }
+    }
+    live
+}
+
+/// Computes `node` — a constant or an operation, not a load or a coordinate, which their
+/// evaluators read — at `len` indices into `out`, from the values `view` gives of the nodes it
+/// reads.
+pub(crate) fn compute<'r>(node: &Node, len: usize, view: impl Fn(usize) -> Src<'r>, out: &mut Reg) {
+    match node {
+        // A constant's register keeps its values from block to block.
+        Node::Const(c) => {
+            if out.view().len() != len {
+                out.clear();
+                out.fill(*c, len);
+            }
+        }
+        Node::Weak(s) => {
+            if out.view().len() != len {
+                out.clear();
+                out.fill(crate::prog::scalar_value(*s), len);
+            }
+        }
+        Node::Unary(op, x) => reg::unary(*op, view(x.0), out),
+        Node::Binary(op, x, y) => reg::binary(*op, view(x.0), view(y.0), out),
+        Node::Compare(op, x, y) => reg::compare(*op, view(x.0), view(y.0), out),
+        Node::Select(c, x, y) => reg::select(view(c.0), view(x.0), view(y.0), out),
+        Node::Cast(d, x) => reg::cast(view(x.0), *d, out),
+        Node::Load(_) | Node::Coord(_) => unreachable!("loads and coordinates come from their evaluator"),
     }
 }

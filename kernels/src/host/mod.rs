@@ -27,8 +27,9 @@
 //!   dtype and booleans; declines complex ones and lanes of 2³² elements or more.
 //! - **pad** (every dtype) and **fold** (`Sum`, `Prod`, `Max`, `Min` of the dtypes it reduces,
 //!   over windows of the padded operand, never materialised).
-//! - **attention**: dense and paged, grouped query heads, causal masks and lengths, operands of
-//!   `f16`, `bf16`, `f32` (and `f64` with an `f64` accumulator), accumulators `f32` and `f64`.
+//! - **attention**: dense and paged, grouped query heads, causal masks and lengths, a score
+//!   program deciding visibility and scores (`attention_scored`), operands of `f16`, `bf16`,
+//!   `f32` (and `f64` with an `f64` accumulator), accumulators `f32` and `f64`.
 //! - **contract_general**: block-scaled operands (`Exponent` codes and `Value` scales), `Rows`
 //!   and `Contracting` segments, and operands of any dtype that widens exactly into the
 //!   accumulator ([`crate::widens_into`]): every integer accumulator (`i8` to `u64`, wrapping:
@@ -116,7 +117,11 @@
 //!   are never held beyond a tile. A NaN
 //!   or infinity in a key or value past a row's length, or on a hole of the table, is never read;
 //!   one in a value the causal mask hides from a row, in a tile holding a key visible to that
-//!   row, reaches its `o` (its weight is 0, and 0 × NaN is NaN).
+//!   row, reaches its `o` (its weight is 0, and 0 × NaN is NaN). A score program runs on each
+//!   tile after its product, over the pairs of the rows the tile's products take, by the
+//!   register evaluator's node functions (its loads read at the pairs' positions of the loop):
+//!   a pair it hides scores −∞ (weight 0, so a NaN value there, in a tile with a visible pair,
+//!   reaches `o` as above), and its scores take no further scale.
 //! - **Fourier transforms** run through `rustfft`, one axis after another (the last of `axes`
 //!   first; complex to real: the others first, then the last): each lane is read into a buffer,
 //!   transformed in place by the plan of its length (cached in the library, shared by its clones)
@@ -184,7 +189,8 @@
 //! - Attention: with A = max over a row's visible pairs of s·Σ|qᵢkᵢ|, `lse` is within
 //!   ε = u·((dk + 2)·A + tk + 8 + |L|) of the exact log-sum-exp L, and each element of `o` within
 //!   (2ε + (tk + 8)·u)·max|v| of the exact weighted sum (u the accumulator's unit roundoff), before
-//!   the rounding into the destination's dtype.
+//!   the rounding into the destination's dtype. With a score program, L is over its scores, and
+//!   the roundings of its own operations add to ε.
 //! - A contraction output with K products is within γ(K + 1)·(|init| + Σ|a||b|) for real dtypes
 //!   (each product fused into one addition, then `init`) and within γ(2K + 2) for complex ones;
 //!   a scaled operand's element adds one rounding (its product by the scale; none for exponent
@@ -214,6 +220,7 @@
 mod assemble;
 mod attention;
 mod attention_rows;
+mod attention_scores;
 mod bgemm;
 mod columns;
 mod contract;
@@ -554,7 +561,20 @@ impl Kernels for Host {
         kv: Kv<'_>,
         lengths: Option<&dyn Operand>,
     ) -> Answer {
-        attention::attention(&self.par, spec, o, lse, q, kv, lengths)
+        attention::attention(&self.par, spec, None, o, lse, q, kv, lengths)
+    }
+
+    fn attention_scored(
+        &self,
+        spec: &Attention,
+        scores: crate::Scores<'_>,
+        o: &dyn Operand,
+        lse: &dyn Operand,
+        q: &dyn Operand,
+        kv: Kv<'_>,
+        lengths: Option<&dyn Operand>,
+    ) -> Answer {
+        attention::attention(&self.par, spec, Some(scores), o, lse, q, kv, lengths)
     }
 
     fn assemble(&self, dst: &dyn Operand, pieces: &[(&[usize], &dyn Operand)]) -> Answer {
