@@ -82,6 +82,76 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok(self.with_local(self.placement.clone(), self.shape.clone(), local))
     }
 
+    /// The running maximum along `axis` and the position of its first occurrence (of the first
+    /// NaN once one is met; −0 below +0), as `torch.cummax`.
+    ///
+    /// ```
+    /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+    /// let p = nx::Placement::split(0, ctx.devices())?;
+    /// let x = nx::Tensor::<f32>::from_fn(ctx, &[2, 4], &p, |i| [1.0, 3.0, 2.0, 3.0][i[1]])?;
+    /// let (v, at) = x.cummax(1)?;
+    /// assert_eq!(v.full()?.to_vec()?, [1.0, 3.0, 3.0, 3.0, 1.0, 3.0, 3.0, 3.0]);
+    /// assert_eq!(at.full()?.to_vec()?, [0, 1, 1, 1, 0, 1, 1, 1]);
+    /// # Ok(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// An axis past the rank or cut by the placement; a partial value (place it closed first);
+    /// complex values (no order).
+    pub fn cummax(&self, axis: usize) -> Result<(Self, Tensor<'d, i64>)> {
+        self.running("nx::Tensor::cummax", nx_kernels::Extreme::Max, axis)
+    }
+
+    /// The running minimum along `axis` and the position of its first occurrence, as
+    /// `torch.cummin`.
+    ///
+    /// # Errors
+    /// As [`Tensor::cummax`].
+    pub fn cummin(&self, axis: usize) -> Result<(Self, Tensor<'d, i64>)> {
+        self.running("nx::Tensor::cummin", nx_kernels::Extreme::Min, axis)
+    }
+
+    fn running(&self, func: &'static str, e: nx_kernels::Extreme, axis: usize) -> Result<(Self, Tensor<'d, i64>)> {
+        self.whole(func, axis, false)?;
+        let (values, positions) = match &self.local {
+            Some(a) => {
+                let v = Array::<T>::uninit_on(self.ctx.rig(), a.shape())?;
+                let p = Array::<i64>::uninit_on(self.ctx.rig(), a.shape())?;
+                check(func, self.ctx.host().scan(Reduction::Arg(e), axis, None, &[&v, &p], a), &[a])?;
+                (Some(v), Some(p))
+            }
+            None => (None, None),
+        };
+        let positions = Tensor {
+            ctx: self.ctx.clone(),
+            placement: self.placement.clone(),
+            shape: self.shape.clone(),
+            local: positions,
+        };
+        Ok((self.with_local(self.placement.clone(), self.shape.clone(), values), positions))
+    }
+
+    /// `log Σ exp` of each prefix along `axis` (`torch.logcumsumexp`): −∞ while every term so
+    /// far is −∞, +∞ from a +∞ term, NaN from a NaN (see the host library's docs for the
+    /// association and bound).
+    ///
+    /// # Errors
+    /// An axis past the rank or cut by the placement; a partial value; values that are not real
+    /// floats.
+    pub fn logcumsumexp(&self, axis: usize) -> Result<Self> {
+        const FUNC: &str = "nx::Tensor::logcumsumexp";
+        self.whole(FUNC, axis, false)?;
+        let local = match &self.local {
+            Some(a) => {
+                let dst = Array::<T>::uninit_on(self.ctx.rig(), a.shape())?;
+                check(FUNC, self.ctx.host().scan(Reduction::Logsumexp, axis, None, &[&dst], a), &[a])?;
+                Some(dst)
+            }
+            None => None,
+        };
+        Ok(self.with_local(self.placement.clone(), self.shape.clone(), local))
+    }
+
     /// The first `k` of each lane along `axis` in stable sorted order (ascending, or
     /// `descending`; NaNs greatest, −0 below +0), with their positions along the axis.
     fn sorted(&self, func: &'static str, axis: usize, descending: bool, k: usize) -> Result<(Self, Tensor<'d, i64>)> {

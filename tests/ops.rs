@@ -1,4 +1,5 @@
-//! `Tensor` ops along an axis (cumsum, sort, argsort, topk, gather, scatter_add, concat, stack,
+//! `Tensor` ops along an axis (cumsum, cummax, cummin, logcumsumexp, sort, argsort, topk, gather,
+//! scatter_add, concat, stack,
 //! softmax, log_softmax) on meshes of 1–6 simulated ranks and uneven shapes, each against a naive
 //! single-device computation written here; errors for axes the placement cuts.
 
@@ -63,6 +64,50 @@ fn cumsum_and_sorts_along_a_whole_axis_match_one_device() {
                 assert!(e.contains("sum of terms"), "{e}");
             }
             assert!(x.topk(n + 1, 1).unwrap_err().to_string().contains("past axis 1"));
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}
+
+#[test]
+fn running_extremes_and_logcumsumexp_along_a_whole_axis_match_one_device() {
+    for (dp, tp) in MESHES {
+        let (m, n) = (2 * dp + 1, 3 * tp + 2);
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            let x = Tensor::<f64>::from_fn(ctx, &[m, n], &p("mesh(0:dp)")?, f)?;
+            let (mx, at) = x.cummax(1)?;
+            let (mn, at_min) = x.cummin(1)?;
+            let lse = x.logcumsumexp(1)?.full()?.to_vec()?;
+            let (mx, at, mn, at_min) =
+                (mx.full()?.to_vec()?, at.full()?.to_vec()?, mn.full()?.to_vec()?, at_min.full()?.to_vec()?);
+            for i in 0..m {
+                let (mut best, mut bi, mut least, mut li) = (f64::NEG_INFINITY, 0, f64::INFINITY, 0);
+                for j in 0..n {
+                    let v = f(&[i, j]);
+                    if v > best {
+                        (best, bi) = (v, j as i64);
+                    }
+                    if v < least {
+                        (least, li) = (v, j as i64);
+                    }
+                    let k = i * n + j;
+                    assert_eq!((mx[k], at[k], mn[k], at_min[k]), (best, bi, least, li), "at ({i}, {j})");
+                    let l = (0..=j).map(|t| f(&[i, t]).exp()).sum::<f64>().ln();
+                    assert!((lse[k] - l).abs() < 1e-12, "lse at ({i}, {j}): {} vs {l}", lse[k]);
+                }
+            }
+            if dp > 1 {
+                let e = x.cummax(0).unwrap_err().to_string();
+                assert!(e.contains("nx::Tensor::cummax") && e.contains("place it whole"), "{e}");
+            }
+            if tp > 1 {
+                let part = x.place(&p("partial(tp; 0:dp)")?)?;
+                let e = part.logcumsumexp(1).unwrap_err().to_string();
+                assert!(e.contains("nx::Tensor::logcumsumexp") && e.contains("sum of terms"), "{e}");
+            }
             Ok(())
         })
         .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
