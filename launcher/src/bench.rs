@@ -37,6 +37,10 @@ pub struct KernelArgs {
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
+    /// Only these groups of rows (comma-separated: memory, matmul, indexing, numeric); all where
+    /// not given.
+    #[arg(long, value_delimiter = ',', value_parser = ["memory", "matmul", "indexing", "numeric"])]
+    only: Vec<String>,
 }
 
 /// One figure: `value` in `unit`, against `limit` (same unit), `ratio` = value / limit; a row
@@ -207,6 +211,166 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
 
+    let want = |group: &str| a.only.is_empty() || a.only.iter().any(|g| g == group);
+    if want("memory") {
+        memory_rows(a, &host, &rig, &mut rows, &mut notes)?;
+    }
+    if want("matmul") {
+        matmul_rows(a, &host, &rig, &mut rows, &mut notes)?;
+    }
+    if want("indexing") {
+        let (indexing, note) = crate::bench_index::rows(n, r, &a.torch)?;
+        rows.extend(indexing);
+        notes.push(note);
+    }
+    if want("numeric") {
+        // the numeric rows' peers: numpy (and torch) from the torch environment where given
+        let fourier_python = if a.torch != "none" { &a.torch } else { &a.python };
+        let (fourier, note) = crate::bench_numeric::rows(r, fourier_python)?;
+        rows.extend(fourier);
+        notes.push(note);
+    }
+
+    if a.json {
+        return Ok(rows
+            .iter()
+            .map(|row| serde_json::to_string(row).expect("plain data"))
+            .collect::<Vec<_>>()
+            .join("\n"));
+    }
+    let mut text = format!(
+        "host kernels: {} threads, {} f32 elements ({} MiB an array), matmul {}^3; medians of {r} runs\n",
+        rayon::current_num_threads(),
+        n,
+        (n * 4) >> 20,
+        a.matmul
+    );
+    text.push_str(&format!("{:<40} {:>10} {:<8} {:>10} {:>7}\n", "benchmark", "value", "unit", "limit", "ratio"));
+    for row in &rows {
+        let lim = row.limit.map_or("-".to_string(), |l| format!("{l:.1}"));
+        let ratio = row.ratio.map_or("-".to_string(), |x| format!("{x:.2}"));
+        let peer = match (row.peer_value, row.peer_ratio) {
+            (Some(v), Some(x)) => format!("   peer {v:.1} {}, nx {x:.2}x its speed", row.unit),
+            _ => String::new(),
+        };
+        text.push_str(&format!(
+            "{:<40} {:>10.1} {:<8} {:>10} {:>7}{peer}\n",
+            row.name, row.value, row.unit, lim, ratio
+        ));
+    }
+    text.push_str(&format!("SIMD level dispatched to: {} (the highest this CPU has)\n", host.simd()));
+    text.push_str("limits: maps against the copy bandwidth (bytes read + written per second), sums against the\n");
+    text.push_str("        read limit (bytes read per second by the faster plain read loop), each timed\n");
+    text.push_str("        beside each kernel run, each run after an untimed scrub of the caches;\n");
+    text.push_str("        ratio = median over repeats of (kernel bytes/s) / (limit bytes/s); with --torch, torch's\n");
+    text.push_str(
+        "        maps and sums as peers, each repeat's run just before nx's, nx x = median of (nx / torch)\n",
+    );
+    text.push_str("        matmuls against numpy's f32 matmul measured in the same run: ratio = median over\n");
+    text.push_str("        rounds of numpy then nx back to back of (nx GFLOP/s) / (numpy GFLOP/s); with --torch,\n");
+    text.push_str(
+        "        torch's f32 and bf16 matmuls as peers, each round's beside nx's, nx x = (nx GFLOP/s) / (torch's)\n",
+    );
+    for note in notes {
+        text.push_str(&format!("peer: {note}\n"));
+    }
+    if a.torch != "none" {
+        text.push_str("indexing rows against PyTorch on CPU in the same run, same threads: nx x = median over\n");
+        text.push_str("        rounds of torch then nx back to back of (torch time) / (nx time)\n");
+    }
+    text.push_str("Fourier and Cholesky rows against numpy and torch (same threads) in the same run, nx x as above\n");
+    Ok(text.trim_end().to_string())
+}
+
+/// Writes `v` over `c` by streaming stores, 32 bytes at a time where the CPU has AVX (the
+/// unaligned head and tail plainly); plain stores elsewhere.
+fn stream_fill(c: &mut [f32], v: f32) {
+    /// The AVX loop of `stream_fill`.
+    ///
+    /// # Safety
+    /// The CPU has AVX.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx")]
+    unsafe fn fill_avx(c: &mut [f32], v: f32) {
+        use std::arch::x86_64::{_mm256_set1_ps, _mm256_stream_ps};
+        let head = c.as_ptr().align_offset(32).min(c.len());
+        let (head, rest) = c.split_at_mut(head);
+        head.fill(v);
+        let mut body = rest.chunks_exact_mut(8);
+        let x = _mm256_set1_ps(v);
+        for lane in &mut body {
+            // SAFETY: `lane` is 8 f32 at a 32-byte aligned address (the head took the rest).
+            unsafe { _mm256_stream_ps(lane.as_mut_ptr(), x) };
+        }
+        body.into_remainder().fill(v);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX.
+        return unsafe { fill_avx(c, v) };
+    }
+    c.fill(v)
+}
+
+/// Bytes read plus bytes written per second by the faster of two parallel copies of `src` into
+/// `dst` on all cores: `memcpy` (whose stores read each line first) and streaming stores (which do
+/// not; 32-byte loads and stores where the CPU has AVX2); `before` runs ahead of each (a cache
+/// scrub).
+pub(crate) fn copy_limit(src: &[f32], dst: &mut [f32], before: &dyn Fn() -> f32) -> f64 {
+    let bytes = (2 * size_of_val(src)) as f64;
+    let t = Instant::now();
+    dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
+    let plain = bytes / t.elapsed().as_secs_f64();
+    before();
+    let t = Instant::now();
+    dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| {
+        // SAFETY: `d` holds s.len() elements, this task's alone.
+        unsafe { nx::kernels::host::stream_copy(s, d.as_mut_ptr()) };
+        nx::kernels::host::store_fence();
+    });
+    let streamed = bytes / t.elapsed().as_secs_f64();
+    plain.max(streamed)
+}
+
+/// The memory available to new allocations (`MemAvailable` of `/proc/meminfo`), in bytes.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 =
+        text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stream_fill;
+
+    /// Every element from every alignment, lengths 0–99, is written, and nothing around it.
+    #[test]
+    fn streaming_fill_writes_every_element() {
+        let mut buf = vec![0f32; 128];
+        for start in 0..9 {
+            for len in 0..100 {
+                buf.fill(-1.0);
+                stream_fill(&mut buf[start..start + len], 2.5);
+                nx::kernels::host::store_fence();
+                for (i, &v) in buf.iter().enumerate() {
+                    let inside = (start..start + len).contains(&i);
+                    assert_eq!(v, if inside { 2.5 } else { -1.0 }, "start {start}, len {len}, index {i}");
+                }
+            }
+        }
+    }
+}
+
+/// The maps' and sums' rows (with the copy and read limits, torch's peers and the pool's rows).
+fn memory_rows(
+    a: &KernelArgs,
+    host: &Host,
+    rig: &Rig,
+    rows: &mut Vec<Row>,
+    notes: &mut Vec<String>,
+) -> Result<(), Error> {
+    let (dev, n, r) = (rig.device(), a.size, a.repeats.max(1));
     let x = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 1000) as f32 * 1e-3)?;
     let y = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 777) as f32 * 1e-3)?;
     let b = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 333) as f32 * -1e-3)?;
@@ -373,7 +537,18 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     }
     drop(cases);
     rows.extend(submit_cost(dev, r)?);
+    Ok(())
+}
 
+/// The matmul rows, interleaved with numpy's and torch's.
+fn matmul_rows(
+    a: &KernelArgs,
+    host: &Host,
+    rig: &Rig,
+    rows: &mut Vec<Row>,
+    notes: &mut Vec<String>,
+) -> Result<(), Error> {
+    let r = a.repeats.max(1);
     // Matmuls, interleaved with numpy's so that both see the same machine.
     let m = a.matmul;
     let mr = (r / 3).max(3);
@@ -466,141 +641,5 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
         peer_ratio: some(vs_b),
     });
 
-    let (indexing, note) = crate::bench_index::rows(n, r, &a.torch)?;
-    rows.extend(indexing);
-    notes.push(note);
-    // the numeric rows' peers: numpy (and torch) from the torch environment where given
-    let fourier_python = if a.torch != "none" { &a.torch } else { &a.python };
-    let (fourier, note) = crate::bench_numeric::rows(r, fourier_python)?;
-    rows.extend(fourier);
-    notes.push(note);
-
-    if a.json {
-        return Ok(rows
-            .iter()
-            .map(|row| serde_json::to_string(row).expect("plain data"))
-            .collect::<Vec<_>>()
-            .join("\n"));
-    }
-    let mut text = format!(
-        "host kernels: {} threads, {} f32 elements ({} MiB an array), matmul {m}^3; medians of {r} runs\n",
-        rayon::current_num_threads(),
-        n,
-        (n * 4) >> 20
-    );
-    text.push_str(&format!("{:<40} {:>10} {:<8} {:>10} {:>7}\n", "benchmark", "value", "unit", "limit", "ratio"));
-    for row in &rows {
-        let lim = row.limit.map_or("-".to_string(), |l| format!("{l:.1}"));
-        let ratio = row.ratio.map_or("-".to_string(), |x| format!("{x:.2}"));
-        let peer = match (row.peer_value, row.peer_ratio) {
-            (Some(v), Some(x)) => format!("   peer {v:.1} {}, nx {x:.2}x its speed", row.unit),
-            _ => String::new(),
-        };
-        text.push_str(&format!(
-            "{:<40} {:>10.1} {:<8} {:>10} {:>7}{peer}\n",
-            row.name, row.value, row.unit, lim, ratio
-        ));
-    }
-    text.push_str(&format!("SIMD level dispatched to: {} (the highest this CPU has)\n", host.simd()));
-    text.push_str("limits: maps against the copy bandwidth (bytes read + written per second), sums against the\n");
-    text.push_str("        read limit (bytes read per second by the faster plain read loop), each timed\n");
-    text.push_str("        beside each kernel run, each run after an untimed scrub of the caches;\n");
-    text.push_str("        ratio = median over repeats of (kernel bytes/s) / (limit bytes/s); with --torch, torch's\n");
-    text.push_str(
-        "        maps and sums as peers, each repeat's run just before nx's, nx x = median of (nx / torch)\n",
-    );
-    text.push_str("        matmuls against numpy's f32 matmul measured in the same run: ratio = median over\n");
-    text.push_str("        rounds of numpy then nx back to back of (nx GFLOP/s) / (numpy GFLOP/s); with --torch,\n");
-    text.push_str(
-        "        torch's f32 and bf16 matmuls as peers, each round's beside nx's, nx x = (nx GFLOP/s) / (torch's)\n",
-    );
-    for note in notes {
-        text.push_str(&format!("peer: {note}\n"));
-    }
-    if a.torch != "none" {
-        text.push_str("indexing rows against PyTorch on CPU in the same run, same threads: nx x = median over\n");
-        text.push_str("        rounds of torch then nx back to back of (torch time) / (nx time)\n");
-    }
-    text.push_str("Fourier and Cholesky rows against numpy and torch (same threads) in the same run, nx x as above\n");
-    Ok(text.trim_end().to_string())
-}
-
-/// Writes `v` over `c` by streaming stores, 32 bytes at a time where the CPU has AVX (the
-/// unaligned head and tail plainly); plain stores elsewhere.
-fn stream_fill(c: &mut [f32], v: f32) {
-    /// The AVX loop of `stream_fill`.
-    ///
-    /// # Safety
-    /// The CPU has AVX.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx")]
-    unsafe fn fill_avx(c: &mut [f32], v: f32) {
-        use std::arch::x86_64::{_mm256_set1_ps, _mm256_stream_ps};
-        let head = c.as_ptr().align_offset(32).min(c.len());
-        let (head, rest) = c.split_at_mut(head);
-        head.fill(v);
-        let mut body = rest.chunks_exact_mut(8);
-        let x = _mm256_set1_ps(v);
-        for lane in &mut body {
-            // SAFETY: `lane` is 8 f32 at a 32-byte aligned address (the head took the rest).
-            unsafe { _mm256_stream_ps(lane.as_mut_ptr(), x) };
-        }
-        body.into_remainder().fill(v);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: the CPU has AVX.
-        return unsafe { fill_avx(c, v) };
-    }
-    c.fill(v)
-}
-
-/// Bytes read plus bytes written per second by the faster of two parallel copies of `src` into
-/// `dst` on all cores: `memcpy` (whose stores read each line first) and streaming stores (which do
-/// not; 32-byte loads and stores where the CPU has AVX2); `before` runs ahead of each (a cache
-/// scrub).
-pub(crate) fn copy_limit(src: &[f32], dst: &mut [f32], before: &dyn Fn() -> f32) -> f64 {
-    let bytes = (2 * size_of_val(src)) as f64;
-    let t = Instant::now();
-    dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
-    let plain = bytes / t.elapsed().as_secs_f64();
-    before();
-    let t = Instant::now();
-    dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| {
-        // SAFETY: `d` holds s.len() elements, this task's alone.
-        unsafe { nx::kernels::host::stream_copy(s, d.as_mut_ptr()) };
-        nx::kernels::host::store_fence();
-    });
-    let streamed = bytes / t.elapsed().as_secs_f64();
-    plain.max(streamed)
-}
-
-/// The memory available to new allocations (`MemAvailable` of `/proc/meminfo`), in bytes.
-fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 =
-        text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.split_whitespace().next()?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::stream_fill;
-
-    /// Every element from every alignment, lengths 0–99, is written, and nothing around it.
-    #[test]
-    fn streaming_fill_writes_every_element() {
-        let mut buf = vec![0f32; 128];
-        for start in 0..9 {
-            for len in 0..100 {
-                buf.fill(-1.0);
-                stream_fill(&mut buf[start..start + len], 2.5);
-                nx::kernels::host::store_fence();
-                for (i, &v) in buf.iter().enumerate() {
-                    let inside = (start..start + len).contains(&i);
-                    assert_eq!(v, if inside { 2.5 } else { -1.0 }, "start {start}, len {len}, index {i}");
-                }
-            }
-        }
-    }
+    Ok(())
 }
