@@ -340,28 +340,6 @@ fn available_memory() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::stream_fill;
-
-    /// Every element from every alignment, lengths 0–99, is written, and nothing around it.
-    #[test]
-    fn streaming_fill_writes_every_element() {
-        let mut buf = vec![0f32; 128];
-        for start in 0..9 {
-            for len in 0..100 {
-                buf.fill(-1.0);
-                stream_fill(&mut buf[start..start + len], 2.5);
-                nx::kernels::host::store_fence();
-                for (i, &v) in buf.iter().enumerate() {
-                    let inside = (start..start + len).contains(&i);
-                    assert_eq!(v, if inside { 2.5 } else { -1.0 }, "start {start}, len {len}, index {i}");
-                }
-            }
-        }
-    }
-}
-
 /// The maps' and sums' rows (with the copy and read limits, torch's peers and the pool's rows).
 fn memory_rows(
     a: &KernelArgs,
@@ -371,11 +349,11 @@ fn memory_rows(
     notes: &mut Vec<String>,
 ) -> Result<(), Error> {
     let (dev, n, r) = (rig.device(), a.size, a.repeats.max(1));
-    let x = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 1000) as f32 * 1e-3)?;
-    let y = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 777) as f32 * 1e-3)?;
-    let b = Array::<f32>::from_fn_on(&rig, &[n], |i| (i[0] % 333) as f32 * -1e-3)?;
-    let out = Array::<f32>::zeros_on(&rig, &[n])?;
-    let out2 = Array::<f32>::zeros_on(&rig, &[n])?;
+    let x = Array::<f32>::from_fn_on(rig, &[n], |i| (i[0] % 1000) as f32 * 1e-3)?;
+    let y = Array::<f32>::from_fn_on(rig, &[n], |i| (i[0] % 777) as f32 * 1e-3)?;
+    let b = Array::<f32>::from_fn_on(rig, &[n], |i| (i[0] % 333) as f32 * -1e-3)?;
+    let out = Array::<f32>::zeros_on(rig, &[n])?;
+    let out2 = Array::<f32>::zeros_on(rig, &[n])?;
 
     let mut add = Prog::new(&[Dtype::F32, Dtype::F32]);
     let (l0, l1) = (add.load(0), add.load(1));
@@ -391,9 +369,9 @@ fn memory_rows(
     chain.output(yv);
     chain.output(z);
 
-    let hx = Array::<half::bf16>::from_fn_on(&rig, &[n], |i| half::bf16::from_f32((i[0] % 1000) as f32 * 1e-3))?;
-    let hy = Array::<half::bf16>::from_fn_on(&rig, &[n], |i| half::bf16::from_f32((i[0] % 777) as f32 * 1e-3))?;
-    let ho = Array::<half::bf16>::zeros_on(&rig, &[n])?;
+    let hx = Array::<half::bf16>::from_fn_on(rig, &[n], |i| half::bf16::from_f32((i[0] % 1000) as f32 * 1e-3))?;
+    let hy = Array::<half::bf16>::from_fn_on(rig, &[n], |i| half::bf16::from_f32((i[0] % 777) as f32 * 1e-3))?;
+    let ho = Array::<half::bf16>::zeros_on(rig, &[n])?;
     let mut hadd = Prog::new(&[Dtype::BF16, Dtype::BF16]);
     let (h0, h1) = (hadd.load(0), hadd.load(1));
     let hs = hadd.add(h0, h1);
@@ -401,11 +379,11 @@ fn memory_rows(
     let mut ident = Prog::new(&[Dtype::F32]);
     let l = ident.load(0);
     ident.output(l);
-    let all = Array::<f32>::zeros_on(&rig, &[])?;
+    let all = Array::<f32>::zeros_on(rig, &[])?;
     let cols = if n.is_multiple_of(4096) { 4096 } else { n };
     let rows_n = n / cols;
     let x2 = x.apply(&nx::kernels::Move::Reshape(vec![rows_n, cols]))?.ok_or("reshape")?;
-    let per_row = Array::<f32>::zeros_on(&rig, &[rows_n])?;
+    let per_row = Array::<f32>::zeros_on(rig, &[rows_n])?;
 
     // The limit: a parallel copy, bytes read plus bytes written per second, of the kernels' own
     // input `x` into their own output `out` (where memory lies moves its bandwidth by a fifth on
@@ -452,7 +430,7 @@ fn memory_rows(
         .torch("fused"),
         // a new output each run, from the device's caching pool (the block of the last run's)
         Case::new("add, output from the pool each run", 3 * n * 4, || {
-            let o = Array::<f32>::uninit_on(&rig, &[n]).expect("pool");
+            let o = Array::<f32>::uninit_on(rig, &[n]).expect("pool");
             assert_eq!(host.map(&add, &[n], &[&o], &[&x, &y]), done);
         }),
         // the peer without a pool: a new zeroed output from the system each run
@@ -552,15 +530,15 @@ fn matmul_rows(
     // Matmuls, interleaved with numpy's so that both see the same machine.
     let m = a.matmul;
     let mr = (r / 3).max(3);
-    let ma = Array::<f32>::from_fn_on(&rig, &[m, m], |i| ((i[0] * 7 + i[1] * 3) % 17) as f32 * 0.1 - 0.8)?;
-    let mb = Array::<f32>::from_fn_on(&rig, &[m, m], |i| ((i[0] * 5 + i[1]) % 13) as f32 * 0.1 - 0.6)?;
-    let mc = Array::<f32>::zeros_on(&rig, &[m, m])?;
+    let ma = Array::<f32>::from_fn_on(rig, &[m, m], |i| ((i[0] * 7 + i[1] * 3) % 17) as f32 * 0.1 - 0.8)?;
+    let mb = Array::<f32>::from_fn_on(rig, &[m, m], |i| ((i[0] * 5 + i[1]) % 13) as f32 * 0.1 - 0.6)?;
+    let mc = Array::<f32>::zeros_on(rig, &[m, m])?;
     let flops = 2.0 * (m as f64).powi(3);
     let ha =
-        Array::<half::bf16>::from_fn_on(&rig, &[m, m], |i| half::bf16::from_f32(((i[0] + i[1]) % 11) as f32 * 0.1))?;
+        Array::<half::bf16>::from_fn_on(rig, &[m, m], |i| half::bf16::from_f32(((i[0] + i[1]) % 11) as f32 * 0.1))?;
     let hb =
-        Array::<half::bf16>::from_fn_on(&rig, &[m, m], |i| half::bf16::from_f32(((i[0] * 3 + i[1]) % 7) as f32 * 0.1))?;
-    let hc = Array::<half::bf16>::zeros_on(&rig, &[m, m])?;
+        Array::<half::bf16>::from_fn_on(rig, &[m, m], |i| half::bf16::from_f32(((i[0] * 3 + i[1]) % 7) as f32 * 0.1))?;
+    let hc = Array::<half::bf16>::zeros_on(rig, &[m, m])?;
     // Rounds of numpy, nx f32, torch (f32 and bf16), nx bf16, back to back: the machine's speed
     // drifts over seconds, so each ratio is the median of each round's, as for the maps and sums.
     let (mut ours, mut peer, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
@@ -642,4 +620,26 @@ fn matmul_rows(
     });
 
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stream_fill;
+
+    /// Every element from every alignment, lengths 0–99, is written, and nothing around it.
+    #[test]
+    fn streaming_fill_writes_every_element() {
+        let mut buf = vec![0f32; 128];
+        for start in 0..9 {
+            for len in 0..100 {
+                buf.fill(-1.0);
+                stream_fill(&mut buf[start..start + len], 2.5);
+                nx::kernels::host::store_fence();
+                for (i, &v) in buf.iter().enumerate() {
+                    let inside = (start..start + len).contains(&i);
+                    assert_eq!(v, if inside { 2.5 } else { -1.0 }, "start {start}, len {len}, index {i}");
+                }
+            }
+        }
+    }
 }
