@@ -113,6 +113,15 @@ impl Communicator for Comm {
     fn recorder(&self) -> Option<&nx_collectives::log::Recorder> {
         delegate!(self, c => c.recorder())
     }
+    fn note_skipped(
+        &self,
+        op: nx_collectives::log::Op,
+        reduce: Option<ReduceOp>,
+        dtype: nx_kernels::Dtype,
+        bytes: (u64, u64),
+    ) {
+        delegate!(self, c => c.note_skipped(op, reduce, dtype, bytes))
+    }
     #[track_caller]
     fn barrier(&self) -> nx_collectives::Result<()> {
         delegate!(self, c => c.barrier())
@@ -430,7 +439,8 @@ where
     Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
         let index = comm.rank();
         let queue = queue.map(|q| QueueOptions { seed: q.seed ^ index as u64, ..q });
-        let rig = Rig::new(Device::sim(index), RigOptions { queue, limit: opts.memory_limit })?;
+        let dry = opts.observe == Some(Observe::Dry);
+        let rig = Rig::new(Device::sim(index), RigOptions { queue, limit: opts.memory_limit, dry })?;
         let (host, recording) = observed(&host, opts.observe);
         Devices::with(Device::sims(n), |devices| {
             let ctx = Ctx {
@@ -461,7 +471,8 @@ where
     let r = mpi::run(MpiOptions { checked, timeout, simd: None }, |comm: MpiComm| -> Result<R> {
         let (n, index) = (comm.size(), comm.rank());
         let list: Vec<Device> = (0..n).map(|r| Device::new(nx_mesh::DeviceKind::Cpu, r, r)).collect();
-        let rig = Rig::new(list[index], RigOptions { queue: None, limit })?;
+        let rig =
+            Rig::new(list[index], RigOptions { limit, dry: observe == Some(Observe::Dry), ..RigOptions::default() })?;
         Devices::with(list, |devices| {
             // the ranks sharing this host share its cores: a rank bound to some CPUs (mpirun's
             // binding) a pool of its cores, an unbound one its part of the host's

@@ -118,3 +118,67 @@ fn dry_kernels_are_checked_not_run() {
     .unwrap();
     assert!(!traced[1].kernels.is_empty());
 }
+
+/// This process's resident-memory high-water mark, in bytes (Linux's `VmHWM`); `None` elsewhere.
+fn rss_peak() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// The host's memory, in bytes (`MemTotal`); `None` elsewhere.
+fn mem_total() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+#[test]
+fn a_dry_run_sizes_a_model_larger_than_this_machine_in_a_little_of_its_memory() {
+    use nx::autodiff::Tape;
+    use nx::nn::gpt::{Gpt, GptConfig};
+    use nx::optim::AdamW;
+    // a GPT of 2.15 billion f32 parameters (width 8192, 2 blocks, 32768 tokens) trained one step
+    // on 8 devices (dp = 2, tp = 4) with AdamW: every device holds a quarter of the parameters,
+    // their gradients and two moments (8.6 GB) and the step's activations: about 14 GB a device,
+    // 114 GB in all, dry in a few MiB of this machine's memory and a fraction of a second
+    let gpt = Gpt::new(GptConfig { vocab: 32768, context: 256, layers: 2, heads: 32, width: 8192 }).unwrap();
+    let (b, t) = (4, 256);
+    let run = |limit: Option<usize>| {
+        let opts = LaunchOptions { devices: Some(8), memory_limit: limit, ..Default::default() };
+        dry::run(&opts, Observe::Dry, |ctx| {
+            let mesh = ctx.mesh(&[("dp", 2), ("tp", 4)])?;
+            let layout = nx::nn::Layout::new(&mesh)?;
+            let mut params = gpt.init::<f32>(ctx, &layout, 1)?;
+            let rows = layout.cut(&[(0, &["dp"])])?;
+            let ids = Tensor::<i64>::from_fn(ctx, &[b, t], &rows, |i| ((i[0] * 31 + i[1] * 7) % 32768) as i64)?;
+            let tape = Tape::new();
+            let loss = gpt.loss(&params.bind(&tape), &layout, &ids, &ids)?;
+            let grads = tape.backward(&loss)?;
+            AdamW::new().step(&mut params, &grads, 1e-4)?;
+            // a quarter of the parameters on each device
+            let mine: usize = params.iter().filter_map(|(_, p)| p.to_local()).map(|a| a.numel()).sum();
+            assert!(mine > 2_150_000_000 / 4 * 9 / 10, "{mine} parameters here");
+            Ok(())
+        })
+    };
+    let before = rss_peak();
+    let reports = run(None).unwrap();
+    assert_eq!(reports.len(), 8);
+    let total: u64 = reports.iter().map(|r| r.peak_bytes as u64).sum();
+    for r in &reports {
+        // parameters, gradients and two moments at least, each a quarter of 2.15 billion floats
+        assert!(r.peak_bytes as u64 >= 4 * 2_150_000_000 / 4 * 4 * 9 / 10, "rank {}: peak {} B", r.rank, r.peak_bytes);
+    }
+    if let (Some(mem), Some(a), Some(z)) = (mem_total(), before, rss_peak()) {
+        assert!(total > mem, "the model needs {total} B among the devices, more than this machine's {mem} B");
+        // what the run itself made resident: small arrays, the tape, the reports
+        assert!(z.saturating_sub(a) < 3 << 30, "the dry run held {} B of this machine's memory", z - a);
+    }
+    // a device of 24 GiB holds it; one of 8 GiB does not, and the error names the device
+    let per = reports.iter().map(|r| r.peak_bytes).max().unwrap();
+    assert!(per < 24 << 30, "{per} B on one device");
+    run(Some(24 << 30)).unwrap();
+    let e = run(Some(8 << 30)).unwrap_err().to_string();
+    assert!(e.contains("sim:") && e.contains("limit"), "{e}");
+}

@@ -238,6 +238,11 @@ pub trait Communicator: Sized {
         None
     }
 
+    /// Records in the log ([`Communicator::recorder`]), as this communicator's own call of `op`
+    /// would, a call that a dry run leaves out: `dtype` elements moving `bytes` (sent, received)
+    /// by the log's accounting. Moves nothing and meets no peer.
+    fn note_skipped(&self, op: log::Op, reduce: Option<ReduceOp>, dtype: nx_kernels::Dtype, bytes: (u64, u64));
+
     /// The host of each member, by rank (equal numbers share a host; default: one host).
     /// Reductions over members on several hosts associate per host: each host's terms in rank
     /// order, rounded to the dtype, then the host results in the order of their lowest members

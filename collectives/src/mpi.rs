@@ -632,6 +632,10 @@ mod imp {
             Some(&self.recorder)
         }
 
+        fn note_skipped(&self, op: Op, reduce: Option<ReduceOp>, dtype: nx_kernels::Dtype, bytes: (u64, u64)) {
+            self.note(op, reduce, Some(dtype), bytes, None);
+        }
+
         #[track_caller]
         fn barrier(&self) -> Result<()> {
             let fp = self.fingerprint("barrier", None, Vec::new());

@@ -12,7 +12,7 @@ use nx_kernels::{Element, Lease};
 use nx_placement::region::{intersect, volume, Window};
 use nx_placement::{Op, Plan};
 
-use crate::log::Recorder;
+use crate::log::{traffic, Op as Call, Recorder};
 use crate::{Communicator, Error, Groups, ReduceOp, Reducible, Result};
 
 /// Copies the elements of box `b` from `src` (the data of box `sw`) into `dst` (of box `dw`).
@@ -121,6 +121,13 @@ pub trait Alloc<T> {
     /// # Errors
     /// As [`Alloc::uninit`].
     fn zeroed(&self, len: usize) -> Result<Self::Buf>;
+
+    /// Whether it lends a dry rig's memory ([`Rig::is_dry`]): the executor then takes every
+    /// buffer a step takes, and records every call it makes, but copies no element and moves no
+    /// byte. The default: no.
+    fn dry(&self) -> bool {
+        false
+    }
 }
 
 /// Vectors from the system allocator, fresh each time.
@@ -155,6 +162,10 @@ impl<T: Element> Alloc<T> for Rig {
     fn zeroed(&self, len: usize) -> Result<Lease<T>> {
         Ok(Lease::zeroed(self, len)?)
     }
+
+    fn dry(&self) -> bool {
+        self.is_dry()
+    }
 }
 
 /// What a rank holds between steps: the caller's elements, or a buffer of the executor's.
@@ -177,7 +188,9 @@ impl<T, B: DerefMut<Target = [T]>> Deref for Cur<'_, T, B> {
 /// `data` (of box `w`) restricted to box `b`, in C order, in a buffer of `alloc`'s.
 fn pack<T: Copy, A: Alloc<T>>(alloc: &A, data: &[T], w: &Window, b: &Window) -> Result<A::Buf> {
     let mut out = alloc.uninit(volume(b) as usize)?;
-    copy_box(data, w, &mut out, b, b);
+    if !alloc.dry() {
+        copy_box(data, w, &mut out, b, b);
+    }
     Ok(out)
 }
 
@@ -194,8 +207,10 @@ fn assembled<T, A: Alloc<T>>(alloc: &A, len: usize, covered: usize) -> Result<A:
 /// An owned copy of `s` from `alloc`.
 fn owned<T: Copy, A: Alloc<T>>(alloc: &A, s: &[T]) -> Result<A::Buf> {
     let mut b = alloc.uninit(s.len())?;
-    // SAFETY: `b` is a buffer of `s.len()` elements apart from `s`.
-    unsafe { nx_kernels::host::copy(s, b.as_mut_ptr()) };
+    if !alloc.dry() {
+        // SAFETY: `b` is a buffer of `s.len()` elements apart from `s`.
+        unsafe { nx_kernels::host::copy(s, b.as_mut_ptr()) };
+    }
     Ok(b)
 }
 
@@ -292,6 +307,9 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
     recorder: Option<&Recorder>,
     alloc: &A,
 ) -> Result<State<'a, T, A::Buf>> {
+    // a dry run takes every buffer and records every call, and copies and moves nothing
+    let dry = alloc.dry();
+    let sz = size_of::<T>();
     for (k, step) in plan.steps.iter().enumerate() {
         if let Some(r) = recorder {
             let over =
@@ -314,7 +332,12 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
             Op::AllReduce => {
                 if let (Some(g), Some(d)) = (&group, data.as_deref()) {
                     let mut out = alloc.uninit(d.len())?;
-                    g.all_reduce(d, &mut out, ReduceOp::Sum)?;
+                    if dry {
+                        let moved = traffic::all_reduce(d.len(), g.rank(), g.size(), sz);
+                        g.note_skipped(Call::AllReduce, Some(ReduceOp::Sum), T::DTYPE, moved);
+                    } else {
+                        g.all_reduce(d, &mut out, ReduceOp::Sum)?;
+                    }
                     data = Some(Cur::Own(out));
                 }
             }
@@ -335,12 +358,19 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
                         let mut send = alloc.uninit(counts.iter().sum())?;
                         let mut at = 0;
                         for (b, &n) in targets.iter().zip(&counts) {
-                            copy_box(d, w, &mut send[at..at + n], b, b);
+                            if !dry {
+                                copy_box(d, w, &mut send[at..at + n], b, b);
+                            }
                             at += n;
                         }
                         Some(send)
                     };
-                    g.reduce_scatter_v(packed.as_deref().unwrap_or(d), &mut out, &counts, ReduceOp::Sum)?;
+                    if dry {
+                        let moved = traffic::reduce_scatter(&counts, g.rank(), sz);
+                        g.note_skipped(Call::ReduceScatter, Some(ReduceOp::Sum), T::DTYPE, moved);
+                    } else {
+                        g.reduce_scatter_v(packed.as_deref().unwrap_or(d), &mut out, &counts, ReduceOp::Sum)?;
+                    }
                     data = Some(Cur::Own(out));
                     win = mine;
                 }
@@ -369,8 +399,13 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
                         let direct = in_order(&target, members.iter().map(|&m| plan.old[m].as_ref()));
                         let mut out = assembled(alloc, len, if direct { len } else { counts.iter().sum() })?;
                         let mut all = if direct { None } else { Some(alloc.uninit(counts.iter().sum())?) };
-                        g.all_gather_v(d, all.as_deref_mut().unwrap_or(&mut out), &counts)?;
-                        let Some(all) = all else {
+                        if dry {
+                            let moved = traffic::all_gather(&counts, g.rank(), sz);
+                            g.note_skipped(Call::AllGather, None, T::DTYPE, moved);
+                        } else {
+                            g.all_gather_v(d, all.as_deref_mut().unwrap_or(&mut out), &counts)?;
+                        }
+                        let Some(all) = all.filter(|_| !dry) else {
                             data = Some(Cur::Own(out));
                             win = Some(target);
                             continue;
@@ -407,7 +442,7 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
                                 let mut send = alloc.uninit(send_counts.iter().sum())?;
                                 let mut at = 0;
                                 for (b, &n) in sends.iter().zip(&send_counts) {
-                                    if let Some(b) = b {
+                                    if let Some(b) = b.as_ref().filter(|_| !dry) {
                                         copy_box(d, ow, &mut send[at..at + n], b, b);
                                     }
                                     at += n;
@@ -422,9 +457,14 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
                         let received = recv_counts.iter().sum();
                         let mut out = assembled(alloc, len, if direct { len } else { received })?;
                         let mut recv = if direct { None } else { Some(alloc.uninit(received)?) };
-                        g.all_to_all_v(send, &send_counts, recv.as_deref_mut().unwrap_or(&mut out), &recv_counts)?;
+                        if dry {
+                            let moved = traffic::all_to_all(&send_counts, &recv_counts, g.rank(), sz);
+                            g.note_skipped(Call::AllToAll, None, T::DTYPE, moved);
+                        } else {
+                            g.all_to_all_v(send, &send_counts, recv.as_deref_mut().unwrap_or(&mut out), &recv_counts)?;
+                        }
                         drop(packed);
-                        let Some(recv) = recv else {
+                        let Some(recv) = recv.filter(|_| !dry) else {
                             data = Some(Cur::Own(out));
                             win = Some(target);
                             continue;
@@ -455,7 +495,12 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
                     } else {
                         alloc.uninit(volume(&whole) as usize)?
                     };
-                    g.broadcast(&mut buf, 0)?;
+                    if dry {
+                        let moved = traffic::broadcast(buf.len(), 0, g.rank(), g.size(), sz);
+                        g.note_skipped(Call::Broadcast, None, T::DTYPE, moved);
+                    } else {
+                        g.broadcast(&mut buf, 0)?;
+                    }
                     // every member keeps what it needs of the whole: the root may need less
                     let target = plan.need[u].clone();
                     data = match &target {
@@ -487,12 +532,19 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
                     for t in moves.iter().filter(|t| Some(t.from) == me && owner[t.to] == r) {
                         let (d, w) = (data.as_deref().expect("a sender holds data"), win.as_ref().expect("a window"));
                         let len = volume(&t.window) as usize;
-                        copy_box(d, w, &mut send[at..at + len], &t.window, &t.window);
+                        if !dry {
+                            copy_box(d, w, &mut send[at..at + len], &t.window, &t.window);
+                        }
                         at += len;
                     }
                 }
                 let mut recv = alloc.uninit(recv_counts.iter().sum())?;
-                comm.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
+                if dry {
+                    let moved = traffic::all_to_all(&send_counts, &recv_counts, comm.rank(), sz);
+                    comm.note_skipped(Call::AllToAll, None, T::DTYPE, moved);
+                } else {
+                    comm.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
+                }
                 drop(send);
                 if let Some(u) = me {
                     if let Some(target) = plan.need[u].clone() {
@@ -503,14 +555,16 @@ fn run_steps<'a, T: Reducible, C: Communicator, A: Alloc<T>>(
                         };
                         let covered = vol(&keep) + recv_counts.iter().sum::<usize>();
                         let mut out = assembled(alloc, volume(&target) as usize, covered)?;
-                        if let (Some(d), Some(w), Some(keep)) = (data.as_deref(), &win, &keep) {
+                        if let (Some(d), Some(w), Some(keep), false) = (data.as_deref(), &win, &keep, dry) {
                             copy_box(d, w, &mut out, &target, keep);
                         }
                         let mut at = 0;
                         for r in 0..n {
                             for t in moves.iter().filter(|t| t.to == u && owner[t.from] == r) {
                                 let len = volume(&t.window) as usize;
-                                copy_box(&recv[at..at + len], &t.window, &mut out, &target, &t.window);
+                                if !dry {
+                                    copy_box(&recv[at..at + len], &t.window, &mut out, &target, &t.window);
+                                }
                                 at += len;
                             }
                         }

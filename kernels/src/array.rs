@@ -232,7 +232,8 @@ impl<T: Element> Array<T> {
     }
 
     /// A fresh C-contiguous array of `shape` on `rig`, every element zero, from its pool (a reused
-    /// block zeroed at once: no work touches a cached block).
+    /// block zeroed at once: no work touches a cached block); on a dry rig ([`Rig::is_dry`]) its
+    /// elements are unspecified.
     ///
     /// # Errors
     /// As [`Rig::alloc`] and [`Layout::contiguous`].
@@ -276,14 +277,17 @@ impl<T: Element> Array<T> {
         Ok(a)
     }
 
-    /// [`Array::from_vec`] on `rig`, from its pool.
+    /// [`Array::from_vec`] on `rig`, from its pool; on a dry rig ([`Rig::is_dry`]) its elements
+    /// are unspecified (`data` is dropped: nothing writes a dry rig's memory).
     ///
     /// # Errors
     /// As [`Array::from_vec`] and [`Array::zeros_on`].
     pub fn from_vec_on(rig: &Rig, shape: &[usize], data: Vec<T>) -> Result<Array<T>> {
         Array::<T>::check_len("nx_kernels::Array::from_vec_on", shape, data.len())?;
         let a = Array::uninit_on(rig, shape)?;
-        a.fill_contiguous(data.into_iter())?;
+        if !rig.is_dry() {
+            a.fill_contiguous(data.into_iter())?;
+        }
         Ok(a)
     }
 
@@ -311,13 +315,16 @@ impl<T: Element> Array<T> {
         Ok(a)
     }
 
-    /// [`Array::from_fn`] on `rig`, from its pool.
+    /// [`Array::from_fn`] on `rig`, from its pool; on a dry rig ([`Rig::is_dry`]) its elements
+    /// are unspecified and `f` is not called.
     ///
     /// # Errors
     /// As [`Array::from_fn`] and [`Array::zeros_on`].
     pub fn from_fn_on(rig: &Rig, shape: &[usize], f: impl FnMut(&[usize]) -> T) -> Result<Array<T>> {
         let a = Array::uninit_on(rig, shape)?;
-        a.fill_with(shape, f)?;
+        if !rig.is_dry() {
+            a.fill_with(shape, f)?;
+        }
         Ok(a)
     }
 
@@ -538,7 +545,8 @@ impl<T: Element> Array<T> {
     }
 
     /// Stores `src`'s elements into `dst`, of the same shape, bit for bit (NaN payloads too). Writes
-    /// `dst`'s elements and no other byte.
+    /// `dst`'s elements and no other byte; into a dry rig's memory ([`Rig::is_dry`]: values
+    /// unspecified), none.
     ///
     /// # Errors
     /// [`Error::Refused`] with `ShapeMismatch` for different shapes, and the door's refusals:
@@ -548,6 +556,9 @@ impl<T: Element> Array<T> {
         let r = host_door(&[dst], &[src], || {
             if src.shape() != dst.shape() {
                 return Err(crate::Answer::ShapeMismatch);
+            }
+            if dst.buffer.rig().is_some_and(Rig::is_dry) {
+                return Ok(());
             }
             let (sb, db) = (src.base(), dst.base());
             let size = T::DTYPE.size();

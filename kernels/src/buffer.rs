@@ -38,6 +38,7 @@ mod os {
 
     pub(super) const PROT_READ_WRITE: c_int = 0x1 | 0x2;
     pub(super) const MAP_PRIVATE_ANONYMOUS: c_int = 0x02 | 0x20;
+    pub(super) const MAP_NORESERVE: c_int = 0x4000;
     pub(super) const MADV_HUGEPAGE: c_int = 14;
 
     unsafe extern "C" {
@@ -121,15 +122,16 @@ impl Raw {
 }
 
 /// `bytes` (at least 1) fresh zeroed bytes from the system: from [`HUGE_MIN`] an anonymous
-/// mapping asked for huge pages, else the allocator; `None` where the system refuses.
-pub(crate) fn alloc_raw(bytes: usize) -> Option<Raw> {
+/// mapping asked for huge pages, else the allocator; `None` where the system refuses. A
+/// `reserve`-less mapping (a dry rig's: [`crate::rig::RigOptions::dry`]) is address space alone,
+/// never counted against the system's memory: its pages exist only where something writes them.
+pub(crate) fn alloc_raw(bytes: usize, reserve: bool) -> Option<Raw> {
     let layout = AllocLayout::from_size_align(bytes.max(1), HOST_ALIGN).ok()?;
     #[cfg(target_os = "linux")]
     if bytes >= HUGE_MIN {
+        let flags = if reserve { os::MAP_PRIVATE_ANONYMOUS } else { os::MAP_PRIVATE_ANONYMOUS | os::MAP_NORESERVE };
         // SAFETY: an anonymous private mapping of a non-zero length; the hint only advises.
-        let p = unsafe {
-            os::mmap(std::ptr::null_mut(), layout.size(), os::PROT_READ_WRITE, os::MAP_PRIVATE_ANONYMOUS, -1, 0)
-        };
+        let p = unsafe { os::mmap(std::ptr::null_mut(), layout.size(), os::PROT_READ_WRITE, flags, -1, 0) };
         // MAP_FAILED is -1; mappings are page-aligned, which HOST_ALIGN divides
         if p as isize != -1 && !p.is_null() {
             // SAFETY: the range was just mapped; a refused hint leaves ordinary pages.
@@ -271,7 +273,7 @@ impl Buffer {
                 device: device.to_string(),
             });
         }
-        let raw = alloc_raw(bytes).ok_or_else(|| Error::OutOfMemory {
+        let raw = alloc_raw(bytes, true).ok_or_else(|| Error::OutOfMemory {
             func: "nx_kernels::Buffer::new",
             bytes,
             device: Some(device.to_string()),
@@ -287,7 +289,8 @@ impl Buffer {
     /// zeroed at once.
     pub(crate) fn from_pool(rig: &Rig, bytes: usize, kind: MemoryKind, zeroed: bool) -> Result<Buffer> {
         let (raw, fresh) = rig.pool().take(kind, bytes)?;
-        if zeroed && !fresh {
+        // a dry rig's memory holds unspecified values: nothing writes it (not even zeros)
+        if zeroed && !fresh && !rig.is_dry() {
             // SAFETY: the block holds at least `bytes` bytes and nothing else holds or touches it.
             unsafe { std::ptr::write_bytes(raw.ptr.as_ptr(), 0, bytes) };
         }

@@ -435,13 +435,21 @@ fn dry_calls_are_checked_recorded_and_not_run() {
     let keys: Vec<String> = dry.launches().into_iter().map(|l| l.key).collect();
     assert_eq!(keys, ["map f32[3,4] <- f32[3,4]", "map f32[3,3] <- f32[3,4]", "reduce f32[3] <- f32[3,4]"]);
     assert_eq!(dry.launches()[2].bytes(), 3 * 4 + 12 * 4);
+    // the door's refusals too: a dead destination, a read-only one, one overlapping its operand
+    let dead = Array::<f32>::zeros(DEV, &[3, 4]).unwrap();
+    dead.buffer().free().unwrap();
+    assert_eq!(h.map(&prog, &[3, 4], &[&dead], &[&src]), nx_kernels::Answer::DeadBuffer);
+    let frozen = Array::<f32>::new(dst.layout().clone(), dst.buffer().read_only()).unwrap();
+    assert_eq!(h.map(&prog, &[3, 4], &[&frozen], &[&src]), nx_kernels::Answer::ReadOnly);
+    let flipped = src.apply(&nx_kernels::Move::Flip(0)).unwrap().unwrap();
+    assert_eq!(h.map(&prog, &[3, 4], &[&flipped], &[&src]), nx_kernels::Answer::Overlapping);
     // a trace of the same library runs the calls
     let trace = std::sync::Arc::new(Recording::trace());
     let t = h.observed(trace.clone());
     assert_eq!(t.map(&prog, &[3, 4], &[&dst], &[&src]), nx_kernels::Answer::Done);
     assert_eq!(dst.get(&[1, 2]).unwrap(), value(6).exp());
     assert_eq!(trace.launches().len(), 1);
-    assert_eq!(dry.launches().len(), 3, "each observer sees its own library's calls");
+    assert_eq!(dry.launches().len(), 6, "each observer sees its own library's calls");
     // the unwatched library records nothing and runs
     assert!(host(2, 1).observer().is_none());
 }

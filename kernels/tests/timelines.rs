@@ -186,7 +186,7 @@ fn work_that_fails_on_a_queued_device_loses_it() {
 
 #[test]
 fn the_pool_reuses_blocks_without_fresh_memory_and_keeps_its_limit() {
-    let rig = Rig::new(Device::sim(0), RigOptions { queue: None, limit: Some(64 << 20) }).unwrap();
+    let rig = Rig::new(Device::sim(0), RigOptions { limit: Some(64 << 20), ..RigOptions::default() }).unwrap();
     for _ in 0..20 {
         let a = Array::<f32>::uninit_on(&rig, &[4 << 20]).unwrap(); // 16 MiB
         drop(a);
@@ -212,8 +212,11 @@ fn the_pool_reuses_blocks_without_fresh_memory_and_keeps_its_limit() {
 #[test]
 fn random_sizes_keep_the_cache_bounded_under_a_limit() {
     let limit = 256 << 20;
-    let rig =
-        Rig::new(Device::sim(0), RigOptions { queue: Some(QueueOptions::default()), limit: Some(limit) }).unwrap();
+    let rig = Rig::new(
+        Device::sim(0),
+        RigOptions { queue: Some(QueueOptions::default()), limit: Some(limit), ..RigOptions::default() },
+    )
+    .unwrap();
     let mut d = Draw(11);
     let mut live: Vec<Array<u8>> = Vec::new();
     for _ in 0..3000 {

@@ -136,7 +136,7 @@ const SUBMITS: usize = 20_000;
 /// a buffer it writes, over `repeats` rounds of [`SUBMITS`]), and a submit's round trip (queued,
 /// run by the worker, waited for).
 fn submit_cost(dev: Device, repeats: usize) -> Result<Vec<Row>, Error> {
-    let rig = Rig::new(dev, RigOptions { queue: Some(QueueOptions::default()), limit: None })?;
+    let rig = Rig::new(dev, RigOptions { queue: Some(QueueOptions::default()), ..RigOptions::default() })?;
     let buf = rig.alloc(64)?;
     let (mut queue, mut trip) = (Vec::new(), Vec::new());
     for _ in 0..repeats.max(3) {

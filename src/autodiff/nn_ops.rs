@@ -41,6 +41,9 @@ fn agree(func: &'static str, t: &Tensor<'_, i64>, bad: Option<(usize, i64)>, why
     let (k, v) = bad.map(|(k, v)| (k as i64, v)).unwrap_or((-1, 0));
     let local = Array::from_vec_on(ctx.rig(), &[1, 2], vec![k, v])?;
     let all = Tensor::from_local(ctx, &[n, 2], &rows, Some(local))?.full()?.to_vec()?;
+    if ctx.rig().is_dry() {
+        return Ok(()); // the values of a dry run are unspecified: its collective alone is real
+    }
     match all.chunks(2).enumerate().find(|(_, p)| p[0] >= 0) {
         Some((d, p)) => Err(err(
             func,
@@ -102,7 +105,10 @@ impl<'d, T: Reducible> Var<'d, T> {
         }
         let (gv, bv) = (local_f64(&gamma.value)?, local_f64(&beta.value)?);
         // x̂ and 1/σ of each row, kept for the backward
+        // a dry run's values are unspecified: its rows are not computed
+        let dry = x.ctx.rig().is_dry();
         let (xhat, rstd, local) = match &x.local {
+            Some(a) if dry => (Vec::new(), Vec::new(), Some(Array::uninit_on(x.ctx.rig(), a.shape())?)),
             Some(a) => {
                 let xv = elements_f64(a)?;
                 let rows = xv.len().checked_div(d).unwrap_or(0);
@@ -128,6 +134,7 @@ impl<'d, T: Reducible> Var<'d, T> {
             let mut dg = vec![0.0; d];
             let mut db = vec![0.0; d];
             let local = match &g.local {
+                Some(a) if dry => Some(Array::uninit_on(xc.ctx.rig(), a.shape())?),
                 Some(a) => {
                     let dy = elements_f64(a)?;
                     let mut dx = Vec::with_capacity(dy.len());
@@ -250,14 +257,17 @@ impl<'d, T: Reducible> Var<'d, T> {
         let mut shape = ids.shape.clone();
         shape.push(d);
         let r0 = window_start(t, 0)?;
+        // a dry run's ids are unspecified: not checked
+        let dry = t.ctx.rig().is_dry();
         let bad = match &ids.local {
-            Some(ix) => {
+            Some(ix) if !dry => {
                 ix.to_vec()?.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= n).map(|(k, &id)| (k, id))
             }
-            None => None,
+            _ => None,
         };
         agree(FUNC, ids, bad, &format!("outside 0..{n}"), "id")?;
         let local = match (&t.local, &ids.local, placement.window(&shape, t.ctx.index())?) {
+            (Some(_), Some(_), Some(w)) if dry => Some(Array::uninit_on(t.ctx.rig(), &window_shape(&w))?),
             (Some(tab), Some(ix), Some(w)) => {
                 let (tv, iv) = (tab.to_vec()?, ix.to_vec()?);
                 let (tn, td) = (tab.shape()[0], tab.shape()[1]);
@@ -284,6 +294,7 @@ impl<'d, T: Reducible> Var<'d, T> {
             let tp = rules::parts(FUNC, &table.placement)?;
             let gp = rules::rebuild(&table.placement, &rules::Parts { cuts: tp.cuts, sums })?;
             let local = match (&table.local, &ids.local, &g.local) {
+                (Some(tab), Some(_), Some(_)) if dry => Some(Array::uninit_on(table.ctx.rig(), tab.shape())?),
                 (Some(tab), Some(ix), Some(gl)) => {
                     let (iv, gv) = (ix.to_vec()?, gl.to_vec()?);
                     let (tn, td) = (tab.shape()[0], tab.shape()[1]);
@@ -347,12 +358,15 @@ impl<'d, T: Reducible> Var<'d, T> {
         // the logit of each row's label, from the rank holding its class
         let c0 = window_start(z, r - 1)?;
         let picked_p = rules::reduce(FUNC, &z.placement, &[r - 1])?;
+        // a dry run's labels are unspecified: not checked
+        let dry = z.ctx.rig().is_dry();
         let bad = match &labels.local {
-            Some(ll) => ll.to_vec()?.iter().enumerate().find(|(_, &l)| l >= c as i64).map(|(k, &l)| (k, l)),
-            None => None,
+            Some(ll) if !dry => ll.to_vec()?.iter().enumerate().find(|(_, &l)| l >= c as i64).map(|(k, &l)| (k, l)),
+            _ => None,
         };
         agree(FUNC, labels, bad, &format!("outside 0..{c} (negative labels are ignored)"), "label")?;
         let picked_local = match (&z.local, &labels.local, picked_p.window(&labels.shape, z.ctx.index())?) {
+            (Some(_), Some(_), Some(w)) if dry => Some(Array::uninit_on(z.ctx.rig(), &window_shape(&w))?),
             (Some(zl), Some(ll), Some(w)) => {
                 let (zv, lv) = (zl.to_vec()?, ll.to_vec()?);
                 let cl = zl.shape()[r - 1];
@@ -416,6 +430,7 @@ impl<'d, T: Reducible> Var<'d, T> {
                 p.unary(nx_kernels::prog::UnOp::Exp, d)
             })?;
             let local = match (&soft.local, &lab.local) {
+                (Some(sl), Some(_)) if dry => Some(Array::uninit_on(zc.ctx.rig(), sl.shape())?),
                 (Some(sl), Some(ll)) => {
                     let (mut sv, lv) = (sl.to_vec()?, ll.to_vec()?);
                     let cl = sl.shape()[r - 1];

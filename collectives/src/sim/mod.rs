@@ -274,6 +274,10 @@ impl Communicator for SimComm {
         Some(&self.recorder)
     }
 
+    fn note_skipped(&self, op: Op, reduce: Option<ReduceOp>, dtype: nx_kernels::Dtype, bytes: (u64, u64)) {
+        self.note(op, reduce, Some(dtype), bytes);
+    }
+
     #[track_caller]
     fn barrier(&self) -> Result<()> {
         let fp = self.fingerprint("barrier", None, Vec::new());

@@ -698,8 +698,9 @@ where
     if let Some(o) = par.observer() {
         o.record(crate::observe::Launch::of(kernel, written, read));
         if o.active() {
-            // a dry run: the call's checks, touching no memory (no claims, no pending work)
-            return body(written, read, false);
+            // a dry run: the call's checks — the door's (claims taken and given back at once, which
+            // touches no memory and waits for nothing) and the kernel's — and no work
+            return crate::door::door_packed(written, read, || body(written, read, false)).unwrap_or_else(|a| a);
         }
     }
     // inline: on the calling thread (the rig's worker for queued work), else on the pool

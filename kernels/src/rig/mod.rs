@@ -28,7 +28,7 @@
 //! use nx_kernels::rig::{QueueOptions, Rig, RigOptions};
 //! use nx_mesh::Device;
 //!
-//! let rig = Rig::new(Device::sim(0), RigOptions { queue: Some(QueueOptions { delay: Duration::from_millis(1), seed: 7 }), limit: None })?;
+//! let rig = Rig::new(Device::sim(0), RigOptions { queue: Some(QueueOptions { delay: Duration::from_millis(1), seed: 7 }), ..RigOptions::default() })?;
 //! let x = Array::<f32>::from_vec_on(&rig, &[4], vec![1.0, 2.0, 3.0, 4.0])?;
 //! let y = Array::<f32>::zeros_on(&rig, &[4])?;
 //! let mut p = Prog::new(&[Dtype::F32]);
@@ -75,12 +75,19 @@ pub struct RigOptions {
     /// The most bytes its buffers may hold at once (their classes), as a card of that size
     /// would (`None`: the system's).
     pub limit: Option<usize>,
+    /// A dry rig, for dry runs: its pool accounts every block as any pool does, but a large
+    /// block is address space alone (pages exist only where something writes), and its memory
+    /// holds unspecified values — nothing zeroes it, and nx writes nothing to it (kernels are
+    /// checked, not run; collectives and fills move no bytes): a program larger than this
+    /// machine's memory runs dry in a little of it.
+    pub dry: bool,
 }
 
 struct Inner {
     device: Device,
     timeline: Option<Timeline>,
     pool: Arc<Pool>,
+    dry: bool,
 }
 
 /// A device with its timeline and caching pool. Cloning shares it; see the
@@ -121,7 +128,8 @@ impl Rig {
             })?),
             None => None,
         };
-        Ok(Rig { inner: Arc::new(Inner { device, timeline, pool: Pool::new(device, opts.limit) }) })
+        let pool = Pool::new(device, opts.limit, opts.dry);
+        Ok(Rig { inner: Arc::new(Inner { device, timeline, pool, dry: opts.dry }) })
     }
 
     /// The host rig of `device`: work runs at once; no limit.
@@ -137,7 +145,7 @@ impl Rig {
     /// # Errors
     /// As [`Rig::new`].
     pub fn queued(device: Device, delay: Duration, seed: u64) -> Result<Rig> {
-        Rig::new(device, RigOptions { queue: Some(QueueOptions { delay, seed }), limit: None })
+        Rig::new(device, RigOptions { queue: Some(QueueOptions { delay, seed }), ..RigOptions::default() })
     }
 
     /// The device.
@@ -148,6 +156,12 @@ impl Rig {
     /// Whether its work is queued (else it runs at once).
     pub fn is_queued(&self) -> bool {
         self.inner.timeline.is_some()
+    }
+
+    /// Whether it is a dry rig ([`RigOptions::dry`]): its memory's values are unspecified and
+    /// nothing writes them.
+    pub fn is_dry(&self) -> bool {
+        self.inner.dry
     }
 
     /// `host` or `queued`, as the examples print it.

@@ -56,6 +56,8 @@ struct State {
 pub(crate) struct Pool {
     device: Device,
     limit: Option<usize>,
+    /// Whether its large blocks are address space alone (a dry rig's).
+    dry: bool,
     state: Mutex<State>,
 }
 
@@ -71,8 +73,8 @@ pub(crate) fn class(bytes: usize) -> Option<usize> {
 }
 
 impl Pool {
-    pub(crate) fn new(device: Device, limit: Option<usize>) -> Arc<Pool> {
-        Arc::new(Pool { device, limit, state: Mutex::new(State::default()) })
+    pub(crate) fn new(device: Device, limit: Option<usize>, dry: bool) -> Arc<Pool> {
+        Arc::new(Pool { device, limit, dry, state: Mutex::new(State::default()) })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -129,12 +131,12 @@ impl Pool {
                 return Err(oom(&st, &format!("past the limit of {limit} B")));
             }
         }
-        let raw = match alloc_raw(c) {
+        let raw = match alloc_raw(c, !self.dry) {
             Some(r) => r,
             None => {
                 // the system refused: release the cache and try once more
                 while release_one(&mut st) {}
-                alloc_raw(c).ok_or_else(|| oom(&st, "the system refused"))?
+                alloc_raw(c, !self.dry).ok_or_else(|| oom(&st, "the system refused"))?
             }
         };
         st.stats.in_use += c;
