@@ -18,6 +18,10 @@ pub struct InfoArgs {
     /// Print one shipped device description, as `nvidia/nvidia_h200` (JSON).
     #[arg(long, value_name = "VENDOR/MODEL")]
     device: Option<String>,
+    /// The CUDA driver to read the GPUs through (default: `libcuda.so.1` where the dynamic loader
+    /// finds it).
+    #[arg(long, value_name = "PATH")]
+    cuda_driver: Option<String>,
 }
 
 fn lib(names: &[&str]) -> Option<std::path::PathBuf> {
@@ -62,6 +66,10 @@ pub fn info(a: &InfoArgs) -> Result<String, Error> {
         found(lib(&["libnccl.so", "libnccl.so.2"])),
     );
     let mpi_built = cfg!(feature = "mpi");
+    let gpus = match &a.cuda_driver {
+        Some(path) => facts::gpu::read_from(path),
+        None => facts::gpu::read(),
+    };
     let sim = std::env::var("NX_SIM_DEVICES").unwrap_or_else(|_| "4".into());
     if a.json {
         let shipped: Vec<serde_json::Value> =
@@ -72,6 +80,10 @@ pub fn info(a: &InfoArgs) -> Result<String, Error> {
             "mpirun": on_path("mpirun"),
             "libraries": { "mpi": mpi, "cuda": cuda, "nccl": nccl },
             "host": facts,
+            "gpus": match &gpus {
+                Ok(g) => json!(g),
+                Err(why) => json!({ "absent": why }),
+            },
             "pool": {
                 "threads": host.threads(),
                 "source": host.threads_source(),
@@ -99,6 +111,7 @@ host: {} ({}), {} cores, {} CPUs online; SIMD: {}
 cores this process may use: {} ({})
 memory: {:.1} GiB limit ({}), {:.1} GiB available, {:.1} GiB in the machine
 host library: {} threads; work runs on the pool from map {}, reduce {}, convert {} elements ({})
+GPUs: {}
 shipped device files: {}",
         env!("CARGO_PKG_VERSION"),
         if mpi_built { ", mpi" } else { " (mpi: build with --features mpi)" },
@@ -123,6 +136,34 @@ shipped device files: {}",
         t(Work::Reduce),
         t(Work::Convert),
         origin,
+        gpu_lines(&gpus),
         facts::device_files().iter().map(|(v, m)| format!("{v}/{m}")).collect::<Vec<_>>().join(", "),
     ))
+}
+
+/// The GPUs the driver found, a line each, or why there are none.
+fn gpu_lines(gpus: &Result<facts::gpu::GpuFacts, String>) -> String {
+    match gpus {
+        Err(why) => format!("none ({why})"),
+        Ok(g) if g.gpus.is_empty() => {
+            format!("none (the driver {}, CUDA {}, finds no device)", g.driver, g.driver_version)
+        }
+        Ok(g) => {
+            let mut out = format!("driver {}, CUDA {}", g.driver, g.driver_version);
+            for d in &g.gpus {
+                out += &format!(
+                    "\n  {}: {} ({}{}), compute capability {}, {} multiprocessors, {:.1} GiB, {} KiB shared a block",
+                    d.ordinal,
+                    d.name,
+                    d.key,
+                    if d.shipped { ", shipped file" } else { "" },
+                    d.compute_capability,
+                    d.multiprocessors,
+                    d.memory_bytes as f64 / (1u64 << 30) as f64,
+                    d.max_shared_memory_per_block / 1024
+                );
+            }
+            out
+        }
+    }
 }

@@ -339,5 +339,31 @@ fn info_prints_the_facts_as_json() {
     assert_eq!(d["compute_capability"], "9.0");
     let o = Command::new(NX).args(["info", "--device", "nvidia/nope"]).output().unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no device file nvidia/nope"));
+    // this machine's GPUs, or why there are none
+    assert!(v["gpus"]["gpus"].is_array() || v["gpus"]["absent"].is_string(), "{}", v["gpus"]);
+    // the GPUs a driver reports (the stand-in driver of the kernels' tests): listed, with their key
+    let so = cache.join("libcuda.so.1");
+    std::fs::create_dir_all(&cache).unwrap();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/tests/data/fake_libcuda.c");
+    let cc = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(src).output().expect("cc");
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let o = Command::new(NX).arg("info").arg("--cuda-driver").arg(&so).env("XDG_CACHE_HOME", &cache).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("CUDA 12.8")
+            && text.contains("0: NVIDIA H200 (nvidia-h200, shipped file), compute capability 9.0, 132 multiprocessors"),
+        "{text}"
+    );
+    assert!(text.contains("1: NVIDIA Fake Z9 (nvidia-fake-z9), compute capability 12.1"), "{text}");
+    let o = Command::new(NX)
+        .args(["info", "--json", "--cuda-driver"])
+        .arg(&so)
+        .env("XDG_CACHE_HOME", &cache)
+        .output()
+        .unwrap();
+    let w: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(w["gpus"]["gpus"][0]["max_shared_memory_per_block"], 232_448);
+    let o = Command::new(NX).args(["info", "--cuda-driver", "/nonexistent/libcuda.so.1"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("GPUs: none (/nonexistent/libcuda.so.1 does not load"));
     std::fs::remove_dir_all(&cache).ok();
 }

@@ -1,7 +1,8 @@
 //! Device facts: what a device the library can target is (cores, caches, SIMD features, memory;
 //! a GPU's compute capability and shared memory), read from the files shipped in this crate —
 //! one per device model, `devices/<vendor>/<key>.json`, the key by [`arch_string`] — and from the
-//! running machine ([`HostFacts::read`]). Nothing here is cached or global: each call reads.
+//! running machine ([`HostFacts::read`]; its GPUs from the CUDA driver, [`gpu::read`]). Nothing
+//! here is cached or global: each call reads.
 //!
 //! # Examples
 //!
@@ -17,6 +18,7 @@
 //! ```
 
 mod cpu;
+pub mod gpu;
 mod memory;
 
 pub use cpu::{parse_list, Cores, CpuReadings};
