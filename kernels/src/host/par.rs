@@ -297,10 +297,12 @@ impl Par {
 
     /// Measures each kind's threshold: its work at 2¹⁰, 2¹¹, … elements timed inline and on the
     /// pool (the fastest of 5 interleaved runs each), the smallest size from which the pool won
-    /// twice running; past 2²² elements without that (a busy machine, a pool larger than its
-    /// cores), 2²² — work that large is split whatever one probe saw.
+    /// twice running; past 2¹⁸ elements without that (a busy machine: a probe that ran beside a
+    /// build kept 2²² for every kind, which left a training step on one thread), 2¹⁸ — work that
+    /// large gains from a second thread on any idle machine measured (its threshold was 2¹⁴ to
+    /// 2¹⁶), whatever one probe saw.
     fn probe(&self) -> Thresholds {
-        const LAST: usize = 1 << 22;
+        const LAST: usize = 1 << 18;
         let mut t = Thresholds { map: LAST, reduce: LAST, convert: LAST };
         let inline = Arc::new(Par { forced: Some(usize::MAX), ..self.shallow() });
         let split = Arc::new(Par { forced: Some(1), ..self.shallow() });
