@@ -13,6 +13,8 @@
 mod array;
 pub mod buffer;
 mod contraction;
+pub mod cuda;
+pub mod dl;
 pub mod dlpack;
 pub mod door;
 pub mod dtype;

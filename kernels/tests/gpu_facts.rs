@@ -77,3 +77,33 @@ fn a_failing_driver_and_a_missing_one_are_named() {
         std::fs::remove_dir_all(so.parent().unwrap()).ok();
     }
 }
+
+#[test]
+fn cuda_libraries_answer_their_versions_or_why_not() {
+    // the directories scripts/test names (PyPI's CUDA wheels beside torch), where there are some
+    let dirs: Vec<std::path::PathBuf> =
+        std::env::var("NX_CUDA_LIB_DIRS").map(|v| std::env::split_paths(&v).collect()).unwrap_or_default();
+    let libs = gpu::libraries(&dirs);
+    let version = |r: &Result<String, String>, what: &str| match r {
+        Ok(v) => {
+            let major: u32 = v.split('.').next().unwrap().parse().unwrap_or_else(|_| panic!("{what}: {v}"));
+            println!("{what} {v}");
+            major
+        }
+        Err(e) => {
+            assert!(dirs.is_empty(), "{what} does not load from {dirs:?}: {e}");
+            assert!(e.contains("none of") && e.contains(".so"), "{what}: {e}");
+            0
+        }
+    };
+    let (nvrtc, cublas, nccl) =
+        (version(&libs.nvrtc, "NVRTC"), version(&libs.cublas, "cuBLAS"), version(&libs.nccl, "NCCL"));
+    if !dirs.is_empty() {
+        assert!(nvrtc >= 12 && cublas >= 12 && nccl == 2, "{libs:?}");
+    }
+    // a directory without them: every one is named as missing
+    let none = gpu::libraries(&[std::env::temp_dir().join("nx-no-cuda-here")]);
+    if dirs.is_empty() {
+        assert!(none.nvrtc.is_err() && none.cublas.is_err() && none.nccl.is_err());
+    }
+}

@@ -22,6 +22,10 @@ pub struct InfoArgs {
     /// finds it).
     #[arg(long, value_name = "PATH")]
     cuda_driver: Option<String>,
+    /// A directory to look for NVRTC, cuBLAS and NCCL in first (repeatable; then where the dynamic
+    /// loader looks).
+    #[arg(long, value_name = "DIR")]
+    cuda_libs: Vec<std::path::PathBuf>,
 }
 
 fn lib(names: &[&str]) -> Option<std::path::PathBuf> {
@@ -66,6 +70,7 @@ pub fn info(a: &InfoArgs) -> Result<String, Error> {
         found(lib(&["libnccl.so", "libnccl.so.2"])),
     );
     let mpi_built = cfg!(feature = "mpi");
+    let cuda_libs = facts::gpu::libraries(&a.cuda_libs);
     let gpus = match &a.cuda_driver {
         Some(path) => facts::gpu::read_from(path),
         None => facts::gpu::read(),
@@ -79,6 +84,7 @@ pub fn info(a: &InfoArgs) -> Result<String, Error> {
             "backends": if mpi_built { vec!["sim", "mpi"] } else { vec!["sim"] },
             "mpirun": on_path("mpirun"),
             "libraries": { "mpi": mpi, "cuda": cuda, "nccl": nccl },
+            "cuda_libraries": cuda_libs,
             "host": facts,
             "gpus": match &gpus {
                 Ok(g) => json!(g),
@@ -112,6 +118,9 @@ cores this process may use: {} ({})
 memory: {:.1} GiB limit ({}), {:.1} GiB available, {:.1} GiB in the machine
 host library: {} threads; work runs on the pool from map {}, reduce {}, convert {} elements ({})
 GPUs: {}
+NVRTC: {}
+cuBLAS: {}
+NCCL version: {}
 shipped device files: {}",
         env!("CARGO_PKG_VERSION"),
         if mpi_built { ", mpi" } else { " (mpi: build with --features mpi)" },
@@ -137,6 +146,9 @@ shipped device files: {}",
         t(Work::Convert),
         origin,
         gpu_lines(&gpus),
+        lib_line(&cuda_libs.nvrtc),
+        lib_line(&cuda_libs.cublas),
+        lib_line(&cuda_libs.nccl),
         facts::device_files().iter().map(|(v, m)| format!("{v}/{m}")).collect::<Vec<_>>().join(", "),
     ))
 }
@@ -165,5 +177,13 @@ fn gpu_lines(gpus: &Result<facts::gpu::GpuFacts, String>) -> String {
             }
             out
         }
+    }
+}
+
+/// A library's version, or why there is none.
+fn lib_line(r: &Result<String, String>) -> String {
+    match r {
+        Ok(v) => v.clone(),
+        Err(why) => format!("none ({why})"),
     }
 }

@@ -363,6 +363,18 @@ fn info_prints_the_facts_as_json() {
         .unwrap();
     let w: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(w["gpus"]["gpus"][0]["max_shared_memory_per_block"], 232_448);
+    // NVRTC, cuBLAS and NCCL: their versions from the directories scripts/test names, else why not
+    let mut cmd = Command::new(NX);
+    cmd.args(["info", "--json"]);
+    let dirs = std::env::var("NX_CUDA_LIB_DIRS").unwrap_or_default();
+    for d in std::env::split_paths(&dirs) {
+        cmd.arg("--cuda-libs").arg(d);
+    }
+    let w: serde_json::Value = serde_json::from_slice(&cmd.output().unwrap().stdout).unwrap();
+    for lib in ["nvrtc", "cublas", "nccl"] {
+        let r = &w["cuda_libraries"][lib];
+        assert!(if dirs.is_empty() { r["Err"].is_string() } else { r["Ok"].is_string() }, "{lib}: {r}");
+    }
     let o = Command::new(NX).args(["info", "--cuda-driver", "/nonexistent/libcuda.so.1"]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains("GPUs: none (/nonexistent/libcuda.so.1 does not load"));
     std::fs::remove_dir_all(&cache).ok();

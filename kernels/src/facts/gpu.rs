@@ -4,7 +4,9 @@
 //! cache, with the driver's version. Where no driver loads, or it finds no device, the answer
 //! says why. Seven driver calls, made through `dlopen`/`dlsym`; nothing is kept.
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, CStr};
+
+use crate::dl::Library as Lib;
 
 use serde::Serialize;
 
@@ -44,16 +46,6 @@ pub struct GpuFacts {
     pub gpus: Vec<Gpu>,
 }
 
-const RTLD_NOW: c_int = 2;
-const RTLD_LOCAL: c_int = 0;
-
-unsafe extern "C" {
-    fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void;
-    fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
-    fn dlerror() -> *mut c_char;
-    fn dlclose(handle: *mut c_void) -> c_int;
-}
-
 /// `CUresult cuInit(unsigned int)` and friends; `CUdevice` is an `int`.
 type Init = unsafe extern "C" fn(u32) -> c_int;
 type Version = unsafe extern "C" fn(*mut c_int) -> c_int;
@@ -73,59 +65,6 @@ const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: c_int = 97;
 
 /// `CUDA_ERROR_NO_DEVICE`: a driver with no device is a machine without GPUs, not an error.
 const NO_DEVICE: c_int = 100;
-
-/// The last `dlerror`, in words.
-fn last_dl_error() -> String {
-    // SAFETY: `dlerror` answers null or a NUL-terminated message it owns until the next call.
-    let p = unsafe { dlerror() };
-    if p.is_null() {
-        "no reason given".to_string()
-    } else {
-        // SAFETY: as above.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    }
-}
-
-/// A loaded library, closed when dropped.
-struct Lib {
-    handle: *mut c_void,
-    path: String,
-}
-
-impl Lib {
-    fn open(path: &str) -> Result<Lib, String> {
-        let c = CString::new(path).map_err(|_| format!("{path:?} holds a NUL byte"))?;
-        // SAFETY: a NUL-terminated path; loading runs the library's initialisers, as any use does.
-        let handle = unsafe { dlopen(c.as_ptr(), RTLD_NOW | RTLD_LOCAL) };
-        if handle.is_null() {
-            return Err(format!("{path} does not load: {}", last_dl_error()));
-        }
-        Ok(Lib { handle, path: path.to_string() })
-    }
-
-    /// The address of `name`, as a function of type `F`.
-    ///
-    /// # Safety
-    /// `F` is the symbol's true type: a function pointer type of the C ABI.
-    unsafe fn get<F: Copy>(&self, name: &str) -> Result<F, String> {
-        let c = CString::new(name).expect("symbol names hold no NUL");
-        // SAFETY: a live handle and a NUL-terminated name.
-        let p = unsafe { dlsym(self.handle, c.as_ptr()) };
-        if p.is_null() {
-            return Err(format!("{} has no {name}", self.path));
-        }
-        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>(), "a function pointer");
-        // SAFETY: the caller's contract: `F` is a function pointer of the symbol's type.
-        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
-    }
-}
-
-impl Drop for Lib {
-    fn drop(&mut self) {
-        // SAFETY: a handle `dlopen` answered, closed once; nothing loaded from it outlives `self`.
-        unsafe { dlclose(self.handle) };
-    }
-}
 
 /// The running machine's GPUs through the CUDA driver `libcuda.so.1` (else `libcuda.so`), found
 /// where the dynamic loader looks.
@@ -153,7 +92,7 @@ pub fn read_from(path: &str) -> Result<GpuFacts, String> {
 }
 
 fn read_lib(lib: &Lib) -> Result<GpuFacts, String> {
-    let ok = |call: &str, r: c_int| if r == 0 { Ok(()) } else { Err(format!("{}: {call} answered {r}", lib.path)) };
+    let ok = |call: &str, r: c_int| if r == 0 { Ok(()) } else { Err(format!("{}: {call} answered {r}", lib.path())) };
     let (init, version, count, device, name, total, attribute) =
         // SAFETY: each type is the driver API's signature of its symbol, as `cuda.h` declares it.
         unsafe {
@@ -171,12 +110,12 @@ fn read_lib(lib: &Lib) -> Result<GpuFacts, String> {
     // SAFETY: the driver's calls with valid out pointers.
     ok("cuDriverGetVersion", unsafe { version(&mut v) })?;
     let driver_version = format!("{}.{}", v / 1000, (v % 1000) / 10);
-    let facts = |gpus| GpuFacts { driver: lib.path.clone(), driver_version: driver_version.clone(), gpus };
+    let facts = |gpus| GpuFacts { driver: lib.path().to_string(), driver_version: driver_version.clone(), gpus };
     // SAFETY: as above.
     match unsafe { init(0) } {
         0 => {}
         NO_DEVICE => return Ok(facts(Vec::new())),
-        r => return Err(format!("{}: cuInit answered {r}", lib.path)),
+        r => return Err(format!("{}: cuInit answered {r}", lib.path())),
     }
     let mut n: c_int = 0;
     // SAFETY: as above.
@@ -199,7 +138,7 @@ fn read_lib(lib: &Lib) -> Result<GpuFacts, String> {
             let mut x: c_int = 0;
             // SAFETY: as above.
             ok(&format!("cuDeviceGetAttribute({a})"), unsafe { attribute(&mut x, a, d) })?;
-            u64::try_from(x).map_err(|_| format!("{}: attribute {a} of device {ordinal} is {x}", lib.path))
+            u64::try_from(x).map_err(|_| format!("{}: attribute {a} of device {ordinal} is {x}", lib.path()))
         };
         let key = super::arch_string(&model);
         gpus.push(Gpu {
@@ -208,7 +147,7 @@ fn read_lib(lib: &Lib) -> Result<GpuFacts, String> {
             key,
             name: model,
             compute_capability: format!("{}.{}", attr(COMPUTE_CAPABILITY_MAJOR)?, attr(COMPUTE_CAPABILITY_MINOR)?),
-            multiprocessors: u32::try_from(attr(MULTIPROCESSOR_COUNT)?).map_err(|e| format!("{}: {e}", lib.path))?,
+            multiprocessors: u32::try_from(attr(MULTIPROCESSOR_COUNT)?).map_err(|e| format!("{}: {e}", lib.path()))?,
             memory_bytes: bytes as u64,
             max_shared_memory_per_block: attr(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
             shared_memory_per_multiprocessor: attr(MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
@@ -216,4 +155,70 @@ fn read_lib(lib: &Lib) -> Result<GpuFacts, String> {
         });
     }
     Ok(facts(gpus))
+}
+
+/// The CUDA libraries nx uses beside the driver, and their versions where they load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CudaLibraries {
+    /// NVRTC (`nvrtcVersion`): its version, or why not.
+    pub nvrtc: Result<String, String>,
+    /// cuBLAS (`cublasGetProperty`): its version, or why not.
+    pub cublas: Result<String, String>,
+    /// NCCL (`ncclGetVersion`): its version, or why not.
+    pub nccl: Result<String, String>,
+}
+
+/// The versions of NVRTC, cuBLAS and NCCL: each library loaded from `dirs` in order (then where
+/// the dynamic loader looks), by the sonames of CUDA 13 and 12 (`libnvrtc.so.13`,
+/// `libcublas.so.12`, `libnccl.so.2`, …), and asked its version.
+pub fn libraries(dirs: &[std::path::PathBuf]) -> CudaLibraries {
+    let find = |names: &[&str]| -> Result<Lib, String> {
+        let mut last = String::new();
+        let candidates = dirs
+            .iter()
+            .flat_map(|d| names.iter().map(move |n| d.join(n).display().to_string()))
+            .chain(names.iter().map(|n| n.to_string()));
+        for c in candidates {
+            match Lib::open(&c) {
+                Ok(l) => return Ok(l),
+                Err(e) => last = e,
+            }
+        }
+        Err(format!("none of {} loads (the last: {last})", names.join(", ")))
+    };
+    let nvrtc = find(&["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]).and_then(|l| {
+        // SAFETY: `nvrtcResult nvrtcVersion(int *major, int *minor)`.
+        let f = unsafe { l.get::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("nvrtcVersion")? };
+        let (mut a, mut b) = (0, 0);
+        // SAFETY: valid out pointers.
+        match unsafe { f(&mut a, &mut b) } {
+            0 => Ok(format!("{a}.{b} ({})", l.path())),
+            r => Err(format!("{}: nvrtcVersion answered {r}", l.path())),
+        }
+    });
+    let cublas = find(&["libcublas.so.13", "libcublas.so.12", "libcublas.so"]).and_then(|l| {
+        // SAFETY: `cublasStatus_t cublasGetProperty(libraryPropertyType type, int *value)`.
+        let f = unsafe { l.get::<unsafe extern "C" fn(c_int, *mut c_int) -> c_int>("cublasGetProperty")? };
+        let mut v = [0; 3];
+        for (k, x) in v.iter_mut().enumerate() {
+            // SAFETY: a valid out pointer; MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL are 0, 1, 2.
+            let r = unsafe { f(k as c_int, x) };
+            if r != 0 {
+                return Err(format!("{}: cublasGetProperty({k}) answered {r}", l.path()));
+            }
+        }
+        Ok(format!("{}.{}.{} ({})", v[0], v[1], v[2], l.path()))
+    });
+    let nccl = find(&["libnccl.so.2", "libnccl.so"]).and_then(|l| {
+        // SAFETY: `ncclResult_t ncclGetVersion(int *version)`.
+        let f = unsafe { l.get::<unsafe extern "C" fn(*mut c_int) -> c_int>("ncclGetVersion")? };
+        let mut v = 0;
+        // SAFETY: a valid out pointer.
+        match unsafe { f(&mut v) } {
+            // NCCL_VERSION(X, Y, Z) = X·10000 + Y·100 + Z since 2.9
+            0 => Ok(format!("{}.{}.{} ({})", v / 10000, (v % 10000) / 100, v % 100, l.path())),
+            r => Err(format!("{}: ncclGetVersion answered {r}", l.path())),
+        }
+    });
+    CudaLibraries { nvrtc, cublas, nccl }
 }
