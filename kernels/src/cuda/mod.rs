@@ -6,3 +6,8 @@
 //! checked before it meets a GPU.
 
 pub mod codegen;
+
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
+pub use gpu::Gpu;
