@@ -91,7 +91,7 @@ impl MapSig<'_> {
 }
 
 /// The C type a node of type `t` is held in.
-fn cty(t: Ty) -> Result<&'static str, String> {
+pub(crate) fn cty(t: Ty) -> Result<&'static str, String> {
     Ok(match t {
         Ty::Bool => "bool",
         Ty::I64 => "long long",
@@ -103,7 +103,7 @@ fn cty(t: Ty) -> Result<&'static str, String> {
 }
 
 /// Whether the CUDA library loads and stores `d`.
-fn supported(d: Dtype) -> Result<(), String> {
+pub(crate) fn supported(d: Dtype) -> Result<(), String> {
     match d {
         Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::C64 | Dtype::C128 | Dtype::I4 | Dtype::U4 | Dtype::Bit => {
             Err(format!("{d} operands are not built in the CUDA library yet"))
@@ -291,17 +291,37 @@ pub fn map(sig: &MapSig<'_>) -> Result<Kernel, String> {
         supported(d)?;
     }
     let name = sig.name();
-    let live = crate::host::eval::live(p);
-    let strided = sig.contiguous.iter().any(|c| !c);
     let coords = p.nodes.iter().any(|(n, _)| matches!(n, Node::Coord(_)));
-    let mut body = String::new();
-    let w = &mut body;
-    // the loop index's position in each operand
-    if strided || coords {
-        let _ = writeln!(w, "        nx_i64 idx[16]; nx_i64 rest = i;");
-        let _ = writeln!(w, "        for (int d = (int)a.rank - 1; d >= 0; --d) {{ nx_i64 e = a.shape[d] > 0 ? a.shape[d] : 1; idx[d] = rest % e; rest /= e; }}");
+    let mut body = positions(sig.contiguous, 0, coords);
+    let nd = sig.dsts.len();
+    body += &nodes(p, sig.loads, nd, &|axis| format!("idx[{axis}]"))?;
+    for (i, (&d, out)) in sig.dsts.iter().zip(p.outputs.iter()).enumerate() {
+        let _ = writeln!(
+            body,
+            "        {};",
+            store(d, p.ty(*out), &format!("a.ptr[{i}]"), &format!("p{i}"), &format!("v{}", out.0))?
+        );
     }
-    for (k, &c) in sig.contiguous.iter().enumerate() {
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const struct NxArgs a) {{\n    for (nx_i64 i = (nx_i64)blockIdx.x * (nx_i64)blockDim.x + (nx_i64)threadIdx.x; i < a.n; i += (nx_i64)blockDim.x * (nx_i64)gridDim.x) {{\n{body}    }}\n}}\n"
+    );
+    Ok(Kernel { name, body })
+}
+
+/// Lines giving the loop index `i`'s position `p{slot0 + k}` in each operand (`contiguous[k]`: at
+/// `offset + i`), the index decomposed into `idx` (over `a.shape`, `a.rank` axes) where an
+/// operand is strided or `coords` are read.
+pub(crate) fn positions(contiguous: &[bool], slot0: usize, coords: bool) -> String {
+    let mut w = String::new();
+    if contiguous.iter().any(|c| !c) || coords {
+        let _ = writeln!(w, "        nx_i64 idx[16]; nx_i64 rest = i;");
+        let _ = writeln!(
+            w,
+            "        for (int d = (int)a.rank - 1; d >= 0; --d) {{ nx_i64 e = a.shape[d] > 0 ? a.shape[d] : 1; idx[d] = rest % e; rest /= e; }}"
+        );
+    }
+    for (k, &c) in contiguous.iter().enumerate() {
+        let k = slot0 + k;
         if c {
             let _ = writeln!(w, "        nx_i64 p{k} = a.offset[{k}] + i;");
         } else {
@@ -309,7 +329,19 @@ pub fn map(sig: &MapSig<'_>) -> Result<Kernel, String> {
             let _ = writeln!(w, "        for (int d = 0; d < (int)a.rank; ++d) p{k} += idx[d] * a.strides[{k}][d];");
         }
     }
-    let nd = sig.dsts.len();
+    w
+}
+
+/// Lines computing each live node `v{k}` of `p`, load `j` read at position `p{slot0 + j}` of
+/// `a.ptr[slot0 + j]`, a coordinate along program axis `axis` as `coord(axis)`.
+pub(crate) fn nodes(
+    p: &Prog,
+    loads: &[Dtype],
+    slot0: usize,
+    coord: &dyn Fn(usize) -> String,
+) -> Result<String, String> {
+    let live = crate::host::eval::live(p);
+    let mut w = String::new();
     for (k, (node, ty)) in p.nodes.iter().enumerate() {
         if !live[k] {
             continue;
@@ -317,10 +349,10 @@ pub fn map(sig: &MapSig<'_>) -> Result<Kernel, String> {
         let t = cty(*ty)?;
         let v = |x: &crate::prog::V| format!("v{}", x.0);
         let expr = match node {
-            Node::Load(j) => load(sig.loads[*j], &format!("a.ptr[{}]", nd + j), &format!("p{}", nd + j)),
+            Node::Load(j) => load(loads[*j], &format!("a.ptr[{}]", slot0 + j), &format!("p{}", slot0 + j)),
             Node::Const(c) => literal(*ty, c.re),
             Node::Weak(s) => literal(*ty, crate::prog::scalar_value(*s).re),
-            Node::Coord(axis) => format!("idx[{axis}]"),
+            Node::Coord(axis) => coord(*axis),
             Node::Unary(op, x) => unary(*op, p.ty(*x), *ty, &v(x))?,
             Node::Binary(op, x, y) => binary(*op, *ty, &v(x), &v(y))?,
             Node::Compare(op, x, y) => {
@@ -342,17 +374,7 @@ pub fn map(sig: &MapSig<'_>) -> Result<Kernel, String> {
         };
         let _ = writeln!(w, "        const {t} v{k} = {expr};");
     }
-    for (i, (&d, out)) in sig.dsts.iter().zip(p.outputs.iter()).enumerate() {
-        let _ = writeln!(
-            w,
-            "        {};",
-            store(d, p.ty(*out), &format!("a.ptr[{i}]"), &format!("p{i}"), &format!("v{}", out.0))?
-        );
-    }
-    let body = format!(
-        "extern \"C\" __global__ void {name}(const struct NxArgs a) {{\n    for (nx_i64 i = (nx_i64)blockIdx.x * (nx_i64)blockDim.x + (nx_i64)threadIdx.x; i < a.n; i += (nx_i64)blockDim.x * (nx_i64)gridDim.x) {{\n{body}    }}\n}}\n"
-    );
-    Ok(Kernel { name, body })
+    Ok(w)
 }
 
 /// An element of dtype `d` at position `pos` of the memory at `ptr`, in its compute type.
@@ -377,7 +399,7 @@ fn load(d: Dtype, ptr: &str, pos: &str) -> String {
 }
 
 /// A literal of type `t` holding `x` exactly as the host holds it.
-fn literal(t: Ty, x: f64) -> String {
+pub(crate) fn literal(t: Ty, x: f64) -> String {
     match t {
         Ty::Bool => (if x != 0.0 { "true" } else { "false" }).to_string(),
         Ty::I64 => format!("(nx_i64)0x{:x}ull", x as i64 as u64),
@@ -441,7 +463,7 @@ fn held(expr: String, d: Dtype) -> String {
 }
 
 /// Stores `x` (of type `from`) as an element of dtype `d` at `pos` of `ptr`.
-fn store(d: Dtype, from: Ty, ptr: &str, pos: &str, x: &str) -> Result<String, String> {
+pub(crate) fn store(d: Dtype, from: Ty, ptr: &str, pos: &str, x: &str) -> Result<String, String> {
     let at = |c: &str| format!("(({c} *){ptr})[{pos}]");
     Ok(match d {
         Dtype::Bool => format!("{} = (unsigned char)({x} != 0)", at("unsigned char")),
