@@ -1,18 +1,21 @@
-//! The generated maps on a GPU (`nx_kernels::cuda::Gpu`, feature `cuda`): every kernel of the
-//! shared suite compiled by NVRTC for the GPU's architecture and launched on device copies of the
-//! suite's operands (contiguous, strided and broadcast, special values), each result against the
-//! host library's: bit for bit where nx fixes the bits (arithmetic, comparisons, selections, casts,
-//! halves), within the GPU's documented ulps for its transcendental functions. Without a GPU (or
-//! its driver, or NVRTC) it says so in one line and checks only that the refusal is an error, not a
+//! The generated maps and reductions on a GPU (`nx_kernels::cuda::Gpu`, feature `cuda`): every
+//! kernel of the shared suites compiled by NVRTC for the GPU's architecture and launched on device
+//! copies of the suites' operands (contiguous, strided and broadcast, special values), each result
+//! against the host library's: bit for bit where nx fixes the bits (arithmetic, comparisons,
+//! selections, casts, halves, and every reduction but a log-sum-exp, in the host's association),
+//! within the GPU's documented ulps for its transcendental functions. Without a GPU (or its
+//! driver, or NVRTC) it says so in one line and checks only that the refusal is an error, not a
 //! panic.
 
 #[path = "common/cuda_suite.rs"]
 mod cuda_suite;
+#[path = "common/reduce_suite.rs"]
+mod reduce_suite;
 
 use cuda_suite::{bytes, destination, kernel, operand, suite};
 use nx_kernels::cuda::codegen::{Args, MAX_OPERANDS};
 use nx_kernels::cuda::Gpu;
-use nx_kernels::{Answer, Dtype, Host, Kernels, Move, Operand, MAX_RANK};
+use nx_kernels::{Answer, Dtype, Host, Kernels, Move, Operand, Reduction, MAX_RANK};
 
 /// The functions the GPU computes to its own ulps, not the host libm's bits.
 const TRANSCENDENTAL: [&str; 9] = ["Exp", "Log", "Tanh", "Sigmoid", "Sin", "Cos", "Erf", "Pow", "fused chain"];
@@ -116,4 +119,51 @@ fn generated_maps_run_on_the_gpu_as_on_the_host() {
         checked += 1;
     }
     println!("{checked} generated maps ran on the GPU as on the host");
+}
+
+#[test]
+fn generated_reductions_run_on_the_gpu_with_the_host_librarys_bits() {
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(why) => {
+            println!("SKIPPED: no GPU to run the generated reductions on: {why}");
+            return;
+        }
+    };
+    let host = Host::new();
+    let mut checked = 0;
+    for c in reduce_suite::suite() {
+        let p = reduce_suite::prepare(&host, &c);
+        let dev_loads: Vec<_> = p
+            .loads
+            .iter()
+            .map(|l| {
+                let len = l.1.layout().numel() * l.1.dtype().size();
+                // SAFETY: the base array's own C-contiguous bytes, alive in `p.loads`.
+                gpu.upload(unsafe { std::slice::from_raw_parts(l.2, len) }).unwrap()
+            })
+            .collect();
+        let outputs = reduce_suite::counts(&c).0;
+        let dev_dsts: Vec<_> = c.dsts.iter().map(|d| gpu.zeros(outputs * d.size()).unwrap()).collect();
+        let scratch = gpu.zeros(reduce_suite::scratch_bytes(&c)).unwrap();
+        let dp: Vec<*mut u8> = dev_dsts.iter().map(|d| gpu.address(d)).collect();
+        let lp: Vec<*mut u8> = dev_loads.iter().map(|l| gpu.address(l)).collect();
+        let (a, r) = reduce_suite::launch(&c, &p, &dp, &lp, gpu.address(&scratch));
+        // SAFETY: `a` and `r` address the device copies, destinations and scratch above.
+        unsafe { gpu.reduce(&p.kernels, &a, &r) }.unwrap_or_else(|e| panic!("{}: {e}", c.what));
+        // a log-sum-exp's exp and log are the GPU's own, within its ulps; every other kind is
+        // the host's association of IEEE operations, so the host's bits
+        let loose = c.reductions.iter().any(|r| matches!(r, Reduction::Logsumexp));
+        for (i, (dev, want)) in dev_dsts.iter().zip(&p.want).enumerate() {
+            let got = gpu.download(dev).unwrap();
+            let size = c.dsts[i].size();
+            for e in 0..outputs {
+                let (g, w) = (&got[e * size..(e + 1) * size], &want[e * size..(e + 1) * size]);
+                let ok = if loose { close(c.dsts[i], g, w, 4) } else { g == w };
+                assert!(ok, "{}: destination {i} at output {e}: {g:?} on the GPU, {w:?} on the host", c.what);
+            }
+        }
+        checked += 1;
+    }
+    println!("{checked} generated reductions ran on the GPU with the host's bits");
 }

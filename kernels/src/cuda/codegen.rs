@@ -131,6 +131,14 @@ __device__ static inline nx_u32 nx_bits_f32(float x) { return __float_as_uint(x)
 __device__ static inline float nx_f32_bits(nx_u32 u) { return __uint_as_float(u); }
 __device__ static inline nx_u64 nx_bits_f64(double x) { return (nx_u64)__double_as_longlong(x); }
 __device__ static inline double nx_f64_bits(nx_u64 u) { return __longlong_as_double((long long)u); }
+/* a reduction's side of its launch, and one partial of its scratch (reduce_gen.rs) */
+struct NxRed {
+    nx_i64 outputs, terms, chunks;
+    nx_i64 axis_of[16];
+    char *scratch;
+};
+struct NxPart { double a, b, c; nx_u64 v; nx_i64 pos; unsigned flags, pad; };
+__device__ static inline double nx_fmax64(double a, double b) { return (b != b) ? a : ((a != a) ? b : (b > a ? b : a)); }
 __device__ static inline bool nx_isnan32(float x) { return x != x; }
 __device__ static inline bool nx_isnan64(double x) { return x != x; }
 /* bf16: widened exactly, a NaN made quiet; narrowed to nearest, ties to even, every NaN 0x7FC0 */

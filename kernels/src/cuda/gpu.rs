@@ -5,8 +5,8 @@
 //! `cudarc` panics where a library it needs is missing; [`Gpu::open`] first loads the driver and
 //! NVRTC itself ([`crate::dl`]) and answers an error naming what is missing instead.
 //!
-//! This is the first step of the CUDA kernel library: maps run on device memory given as
-//! [`Args`]. Device memory is not yet a [`crate::Buffer`] kind and the library does not yet
+//! This is the first step of the CUDA kernel library: maps and reductions run on device memory
+//! given as [`Args`] (and [`ReduceArgs`]). Device memory is not yet a [`crate::Buffer`] kind and the library does not yet
 //! implement [`crate::Kernels`].
 
 use std::collections::HashMap;
@@ -17,10 +17,13 @@ use cudarc::driver::{
 };
 
 use super::codegen::{Args, Kernel};
+use super::reduce_gen::{ReduceArgs, ReduceKernels};
 
 // SAFETY: `Args` is `#[repr(C)]` plain data (integers and addresses), laid out as the generated
 // source's `NxArgs`, and passed to kernels by value.
 unsafe impl DeviceRepr for Args {}
+// SAFETY: as `Args`: `#[repr(C)]` integers and an address, laid out as the source's `NxRed`.
+unsafe impl DeviceRepr for ReduceArgs {}
 
 /// Threads a block of a map's launch.
 const THREADS: u32 = 256;
@@ -116,25 +119,51 @@ impl Gpu {
         p as usize as *mut u8
     }
 
+    /// Fresh zeroed device memory of `bytes` (a reduction's scratch).
+    ///
+    /// # Errors
+    /// The driver's error (out of memory).
+    pub fn zeros(&self, bytes: usize) -> Result<CudaSlice<u8>, String> {
+        self.stream.alloc_zeros(bytes.max(1)).map_err(|e| driver_error("device memory", e))
+    }
+
     /// The kernel's function: compiled by NVRTC (without contraction, as the generated code
     /// requires) and loaded the first time its name is asked.
     fn function(&self, k: &Kernel) -> Result<CudaFunction, String> {
+        Ok(self.functions(&[&k.name], || k.source())?.remove(0))
+    }
+
+    /// The functions `names` of the module whose source `source` gives: the module compiled
+    /// once and its functions loaded the first time the first name is asked.
+    fn functions(&self, names: &[&str], source: impl FnOnce() -> String) -> Result<Vec<CudaFunction>, String> {
         let mut cache = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = cache.get(&k.name) {
-            return Ok(f.clone());
+        if let Some(fs) = names.iter().map(|n| cache.get(*n).cloned()).collect::<Option<Vec<_>>>() {
+            return Ok(fs);
         }
+        let first = names.first().copied().unwrap_or("");
         let opts = cudarc::nvrtc::CompileOptions {
             fmad: Some(false),
             arch: Some(self.arch),
             options: vec!["--std=c++17".into()],
             ..Default::default()
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(k.source(), opts)
-            .map_err(|e| format!("nx_kernels::cuda::Gpu: NVRTC on {}: {e:?}", k.name))?;
-        let module = self.ctx.load_module(ptx).map_err(|e| driver_error(&format!("loading {}", k.name), e))?;
-        let f = module.load_function(&k.name).map_err(|e| driver_error(&format!("{} in its module", k.name), e))?;
-        cache.insert(k.name.clone(), f.clone());
-        Ok(f)
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(), opts)
+            .map_err(|e| format!("nx_kernels::cuda::Gpu: NVRTC on {first}: {e:?}"))?;
+        let module = self.ctx.load_module(ptx).map_err(|e| driver_error(&format!("loading {first}"), e))?;
+        let mut fs = Vec::with_capacity(names.len());
+        for name in names {
+            let f = module.load_function(name).map_err(|e| driver_error(&format!("{name} in its module"), e))?;
+            cache.insert(name.to_string(), f.clone());
+            fs.push(f);
+        }
+        Ok(fs)
+    }
+
+    /// Blocks of `THREADS` for `n` independent items, at most 32 a multiprocessor (the kernels
+    /// loop over the rest).
+    fn blocks(&self, n: i64) -> u32 {
+        let n = u64::try_from(n.max(0)).unwrap_or(0);
+        n.div_ceil(u64::from(THREADS)).clamp(1, u64::from(self.multiprocessors) * 32) as u32
     }
 
     /// Launches the map `k` over `args` (device addresses of memory this GPU holds) on the
@@ -148,13 +177,40 @@ impl Gpu {
     /// destinations C-contiguous, disjoint from the loads and from each other.
     pub unsafe fn map(&self, k: &Kernel, args: &Args) -> Result<(), String> {
         let f = self.function(k)?;
-        let n = u64::try_from(args.n.max(0)).unwrap_or(0);
-        let blocks = n.div_ceil(u64::from(THREADS)).clamp(1, u64::from(self.multiprocessors) * 32) as u32;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (self.blocks(args.n), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(&f);
         b.arg(args);
         // SAFETY: the caller's contract; the kernel takes one `NxArgs` by value.
         unsafe { b.launch(cfg) }.map_err(|e| driver_error(&format!("launching {}", k.name), e))?;
         self.stream.synchronize().map_err(|e| driver_error(&format!("running {}", k.name), e))
+    }
+
+    /// Launches the reduction `k` over `args` and `red` on the stream: every chunk's partial into
+    /// `red.scratch`, then each output's partials combined and stored; waits for both.
+    ///
+    /// # Errors
+    /// NVRTC's or the driver's error, naming the kernel.
+    ///
+    /// # Safety
+    /// As [`Gpu::map`], over the loop in the host's order ([`ReduceArgs`]); `red.scratch`
+    /// addresses device memory of `outputs · chunks · reductions ·`
+    /// [`super::reduce_gen::PART_BYTES`] bytes that nothing else uses meanwhile.
+    pub unsafe fn reduce(&self, k: &ReduceKernels, args: &Args, red: &ReduceArgs) -> Result<(), String> {
+        let fs = self.functions(&[&k.chunks.name, &k.finish.name], || k.source())?;
+        let (chunks, finish) = (&fs[0], &fs[1]);
+        for (f, n, name) in
+            [(chunks, red.outputs.saturating_mul(red.chunks), &k.chunks.name), (finish, red.outputs, &k.finish.name)]
+        {
+            let cfg =
+                LaunchConfig { grid_dim: (self.blocks(n), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.stream.launch_builder(f);
+            b.arg(args);
+            b.arg(red);
+            // SAFETY: the caller's contract; the kernels take `NxArgs` and `NxRed` by value, and
+            // the stream runs the finish after the chunks.
+            unsafe { b.launch(cfg) }.map_err(|e| driver_error(&format!("launching {name}"), e))?;
+        }
+        self.stream.synchronize().map_err(|e| driver_error(&format!("running {}", k.chunks.name), e))
     }
 }

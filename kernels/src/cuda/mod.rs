@@ -6,6 +6,7 @@
 //! checked before it meets a GPU.
 
 pub mod codegen;
+pub mod reduce_gen;
 
 #[cfg(feature = "cuda")]
 mod gpu;

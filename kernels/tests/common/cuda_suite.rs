@@ -2,6 +2,8 @@
 //! the operands they run on (special values; contiguous, strided and broadcast layouts), and the
 //! kernel each one is.
 
+#![allow(dead_code)] // each test file uses part of the suite
+
 use half::{bf16, f16};
 use nx_kernels::cuda::codegen::{self, Kernel, MapSig};
 use nx_kernels::prog::{BinOp, CmpOp, Prog, UnOp};
