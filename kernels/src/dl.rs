@@ -32,7 +32,9 @@ fn last_error() -> String {
 /// // SAFETY: `cos` is `double cos(double)`.
 /// let cos: unsafe extern "C" fn(f64) -> f64 = unsafe { m.get("cos")? };
 /// assert_eq!(unsafe { cos(0.0) }, 1.0);
-/// assert!(m.get::<unsafe extern "C" fn()>("no_such_symbol").unwrap_err().contains("no_such_symbol"));
+/// // SAFETY: the symbol is never called; its lookup fails.
+/// let missing = unsafe { m.get::<unsafe extern "C" fn()>("no_such_symbol") };
+/// assert!(missing.unwrap_err().contains("no_such_symbol"));
 /// # Ok::<(), String>(())
 /// ```
 pub struct Library {
