@@ -4,16 +4,17 @@
 //!
 //! `cargo run --release --example bench_gpt -- --torch PYTHON [--rounds 5] [--steps 5]` (run by
 //! `benches/train_gpt.sh`, which makes the torch environment). Without `--torch` the PyTorch
-//! column is left out.
+//! column is left out; `--only one` (or `--only mesh`) times that run alone (for a profiler).
 
 #[path = "common/gpt_task.rs"]
 mod gpt_task;
 
 use std::process::Command;
 
+/// The median, NaN for none.
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn nx_tokens_per_s(dp: usize, tp: usize, steps: usize) -> f64 {
@@ -28,6 +29,16 @@ fn main() {
     let rounds: usize = arg("--rounds").and_then(|v| v.parse().ok()).unwrap_or(5);
     let steps: usize = arg("--steps").and_then(|v| v.parse().ok()).unwrap_or(5);
     let torch = arg("--torch");
+    let only = arg("--only");
+    let (run_one, run_mesh) = match only.as_deref() {
+        None => (true, true),
+        Some("one") => (true, false),
+        Some("mesh") => (false, true),
+        Some(other) => {
+            eprintln!("bench_gpt: --only takes one or mesh, not {other:?}");
+            std::process::exit(2)
+        }
+    };
     let cfg = gpt_task::Config::default();
     let model = gpt_task::model(&cfg).expect("a model").config;
     println!(
@@ -36,8 +47,12 @@ fn main() {
     );
     let (mut one, mut mesh, mut pt) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        one.push(nx_tokens_per_s(1, 1, steps));
-        mesh.push(nx_tokens_per_s(2, 2, steps));
+        if run_one {
+            one.push(nx_tokens_per_s(1, 1, steps));
+        }
+        if run_mesh {
+            mesh.push(nx_tokens_per_s(2, 2, steps));
+        }
         if let Some(py) = &torch {
             let c = |x: usize| x.to_string();
             let out = Command::new(py)
@@ -61,9 +76,13 @@ fn main() {
         }
     }
     let (a, b) = (median(&mut one), median(&mut mesh));
-    println!("nx, one device:        {a:>9.0} tokens/s");
-    println!("nx, 2×2 simulated mesh: {b:>9.0} tokens/s  (one device / mesh: {:.2}×)", a / b);
-    if !pt.is_empty() {
+    if run_one {
+        println!("nx, one device:        {a:>9.0} tokens/s");
+    }
+    if run_mesh {
+        println!("nx, 2×2 simulated mesh: {b:>9.0} tokens/s  (one device / mesh: {:.2}×)", a / b);
+    }
+    if !pt.is_empty() && run_one {
         let t = median(&mut pt);
         println!("PyTorch eager, 2 threads: {t:>7.0} tokens/s  (nx one device / PyTorch: {:.2})", a / t);
     }

@@ -354,6 +354,51 @@ proptest! {
     }
 }
 
+/// A result past 8 MiB is written by streaming stores: rows of an odd byte length (heads and
+/// tails unaligned), a destination at an odd offset, repeated indices, a range gather, on 1 and
+/// 2 threads, each element against the table's.
+#[test]
+fn large_gathers_take_the_indexed_rows_bit_for_bit() {
+    let (rows, width, tokens) = (997usize, 1027usize, 2111usize);
+    let xs: Vec<f32> = (0..rows * width).map(|k| (k % 65_521) as f32 - 0.5).collect();
+    let table = Array::from_vec(DEV, &[rows, width], xs.clone()).unwrap();
+    let idx: Vec<i64> = (0..tokens).map(|t| ((t * 7919 + t / 3) % rows) as i64).collect();
+    let ia = Array::from_vec(DEV, &[tokens], idx.clone()).unwrap();
+    for threads in [1, 2] {
+        let host = Host::with_threads(threads).unwrap();
+        // the destination: rows 1.. of a larger buffer, so that it starts 4·width bytes in
+        let big = Array::<f32>::zeros(DEV, &[tokens + 1, width]).unwrap();
+        let dst = big.apply(&Move::Slice { axis: 0, start: Some(1), stop: None, step: 1 }).unwrap().unwrap();
+        assert!(tokens * width * 4 > 8 << 20);
+        assert_eq!(host.gather(0, &dst, &table, &ia), Answer::Done);
+        let got = big.to_vec().unwrap();
+        assert!(got[..width].iter().all(|&x| x == 0.0), "the row before the destination is untouched");
+        for t in 0..tokens {
+            let (o, r) = (&got[(t + 1) * width..(t + 2) * width], idx[t] as usize);
+            assert!(
+                o.iter().zip(&xs[r * width..(r + 1) * width]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "row {t} (index {r}), {threads} threads"
+            );
+        }
+        // runs of 3 rows from each start
+        let starts: Vec<i64> = idx.iter().map(|&i| i.min(rows as i64 - 3)).collect();
+        let sa = Array::from_vec(DEV, &[tokens], starts.clone()).unwrap();
+        let rd = Array::<f32>::zeros(DEV, &[tokens, 3, width]).unwrap();
+        assert_eq!(host.range_gather(0, 3, &rd, &table, &sa), Answer::Done);
+        let got = rd.to_vec().unwrap();
+        for t in 0..tokens {
+            for q in 0..3 {
+                let r = starts[t] as usize + q;
+                let o = &got[(t * 3 + q) * width..(t * 3 + q + 1) * width];
+                assert!(
+                    o.iter().zip(&xs[r * width..(r + 1) * width]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "run {t}.{q}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn indices_outside_the_axis_are_refused_before_any_write() {
     let host = Host::new();

@@ -367,7 +367,8 @@ fn info_prints_the_facts_as_json() {
     let mut cmd = Command::new(NX);
     cmd.args(["info", "--json"]);
     let dirs = std::env::var("NX_CUDA_LIB_DIRS").unwrap_or_default();
-    for d in std::env::split_paths(&dirs) {
+    // (an unset variable splits into one empty path, which is no directory)
+    for d in std::env::split_paths(&dirs).filter(|d| !d.as_os_str().is_empty()) {
         cmd.arg("--cuda-libs").arg(d);
     }
     let w: serde_json::Value = serde_json::from_slice(&cmd.output().unwrap().stdout).unwrap();

@@ -9,8 +9,10 @@
 //! integer toward zero and saturating (NaN to 0), `Max`/`Min` NaN where either operand is and −0
 //! below +0, integer division by 0 giving 0. Its arithmetic is the IEEE operations in the order the
 //! program gives (it must be compiled without contraction: `--fmad=false`), so a program of `+`,
-//! `−`, `×`, `÷`, comparisons, selections and casts has the host's bits; the transcendental
-//! functions are the platform's (`expf`, `tanhf`, …: within their documented ulps of the host's).
+//! `−`, `×`, `÷`, comparisons, selections and casts has the host's bits, and so does `exp` of
+//! `f32` (and the sigmoid through it: `nx_expf`, the host library's own polynomial); the other
+//! transcendental functions are the platform's (`tanhf`, `logf`, …: within their documented ulps
+//! of the host's).
 //!
 //! The source is plain C++ besides `__global__`, `blockIdx`, `blockDim`, `threadIdx` and
 //! `gridDim`, so the host's compiler builds it too, with those defined by a few lines (the tests
@@ -189,6 +191,25 @@ __device__ static inline float nx_f64_f32_odd(double x) {
     nx_u32 bits = nx_bits_f32(f);
     nx_u32 tz = ((double)f < 0 ? -(double)f : (double)f) > (x < 0 ? -x : x) ? bits - 1u : bits;
     return nx_f32_bits(tz | 1u);
+}
+/* the host library's exp of f32 (host/expf.rs): the same operations in the same order */
+__device__ static inline float nx_expf(float x) {
+    float t = x * 1.44269502f + 12582912.0f;
+    float n = t - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194442e-4f;
+    float p = 1.98756912e-4f;
+    p = p * r + 1.39819994e-3f;
+    p = p * r + 8.33345205e-3f;
+    p = p * r + 4.16657962e-2f;
+    p = p * r + 1.66666657e-1f;
+    p = p * r + 0.5f;
+    float y = (p * (r * r) + r) + 1.0f;
+    int ni = (int)(__float_as_uint(t) - 0x4B400000u);
+    ni = ni < -150 ? -150 : (ni > 128 ? 128 : ni);
+    int n1 = ni >> 1, n2 = ni - (ni >> 1);
+    float v = (y * __uint_as_float((unsigned)(n1 + 127) << 23)) * __uint_as_float((unsigned)(n2 + 127) << 23);
+    return x < -104.0f ? 0.0f : (x > 88.7228317f ? __uint_as_float(0x7F800000u) : (x != x ? __uint_as_float(0x7FC00000u) : v));
 }
 __device__ static inline float nx_round_bf16(float x) { return nx_bf16_f32(nx_f32_bf16(x)); }
 __device__ static inline float nx_round_f16(float x) { return nx_f16_f32(nx_f32_f16(x)); }
@@ -510,12 +531,12 @@ fn unary(op: UnOp, from: Ty, to: Ty, x: &str) -> Result<String, String> {
             match op {
                 UnOp::Neg => format!("(-{x})"),
                 UnOp::Abs => f("fabsf"),
-                UnOp::Exp => f("expf"),
+                UnOp::Exp => f("nx_expf"),
                 UnOp::Log => f("logf"),
                 UnOp::Sqrt => f("sqrtf"),
                 UnOp::Rsqrt => format!("(1.0f / sqrtf({x}))"),
                 UnOp::Tanh => f("tanhf"),
-                UnOp::Sigmoid => format!("(1.0f / (1.0f + expf(-{x})))"),
+                UnOp::Sigmoid => format!("(1.0f / (1.0f + nx_expf(-{x})))"),
                 UnOp::Sin => f("sinf"),
                 UnOp::Cos => f("cosf"),
                 UnOp::Erf => format!("(float)nx_erf((double){x})"),

@@ -39,14 +39,9 @@ pub(super) fn exp_f32(x: f32) -> f32 {
     }
 }
 
-/// `log₂ e`, and `1.5 · 2²³`: adding it rounds an `f32` of magnitude below 2²² to an integer.
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const ROUND: f32 = 12_582_912.0;
-/// `ln 2` in two parts (Cody and Waite): the first exact in few bits.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-/// Cephes' `expf` polynomial, highest degree first: `exp(r) ≈ 1 + r + r²·p(r)`.
-const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+// the maps' exp's reduction and polynomial (this one keeps fused multiply-adds and flushes
+// subnormal results: its vector loops are written with intrinsics)
+use super::expf::{LN2_HI, LN2_LO, LOG2E, P, ROUND};
 /// Below `LOW` the result would be subnormal: +0; above `HIGH`, +∞.
 const LOW: f32 = -87.33;
 const HIGH: f32 = 88.72;

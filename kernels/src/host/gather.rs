@@ -94,6 +94,15 @@ unsafe fn copy_row(src: *const u8, dst: *mut u8, n: usize, size: usize, run: boo
     }
 }
 
+/// Orders a task's streaming stores before the task ends (an `sfence` when dropped).
+struct Fence;
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        super::reg::fence();
+    }
+}
+
 /// The values of an `i64` operand in C order of its indices, or `IndexOutOfRange` where one
 /// lies outside `0..=limit - run` (runs of `run` from each); `Declined` where their list does not
 /// fit in memory (a broadcast index of more elements than memory holds).
@@ -153,22 +162,34 @@ pub(crate) fn gather(
         let (t, inner) = (at.len(), s.n_inner);
         // a run of rows is one run in memory where the rows are back to back
         let runs = s.inner_run && (len == 1 || s.stride == inner as isize);
-        (0..s.n_outer * t).into_par_iter().with_min_len(64).for_each(|k| {
-            let (o, j) = (k / t, at[k % t]);
-            let to = dp.byte((dst.layout().offset() as usize + k * len * inner) as isize * size as isize);
-            let from = sp.byte(s.row(o, j) * size as isize);
-            if runs {
-                // SAFETY: the door holds the claims; row positions come from the checked layouts
-                // and checked indices; task k writes its own `len` rows of `dst` alone.
-                unsafe { copy_row(from, to, len * inner, size, true, |q| q as isize) };
-            } else {
-                for r in 0..len {
-                    let from = from.wrapping_offset(r as isize * s.stride * size as isize);
-                    // SAFETY: as above.
-                    unsafe { copy_row(from, to.wrapping_add(r * inner * size), inner, size, false, |q| s.within(q)) };
+        // a result far past the caches goes to memory by streaming stores (its lines are not
+        // read first: two thirds of a plain copy's traffic), each task's ordered by a fence
+        let streaming = runs && dst.layout().numel().saturating_mul(size) >= super::map::STREAM_MIN;
+        (0..s.n_outer * t).into_par_iter().with_min_len(64).for_each_init(
+            || Fence,
+            |_, k| {
+                let (o, j) = (k / t, at[k % t]);
+                let to = dp.byte((dst.layout().offset() as usize + k * len * inner) as isize * size as isize);
+                let from = sp.byte(s.row(o, j) * size as isize);
+                if streaming {
+                    // SAFETY: the door holds the claims; a run of `len` rows of the checked operand
+                    // at a checked index, read; task k writes its own `len` rows of `dst` alone.
+                    unsafe { super::reg::stream(std::slice::from_raw_parts(from, len * inner * size), to) };
+                } else if runs {
+                    // SAFETY: the door holds the claims; row positions come from the checked layouts
+                    // and checked indices; task k writes its own `len` rows of `dst` alone.
+                    unsafe { copy_row(from, to, len * inner, size, true, |q| q as isize) };
+                } else {
+                    for r in 0..len {
+                        let from = from.wrapping_offset(r as isize * s.stride * size as isize);
+                        // SAFETY: as above.
+                        unsafe {
+                            copy_row(from, to.wrapping_add(r * inner * size), inner, size, false, |q| s.within(q))
+                        };
+                    }
                 }
-            }
-        });
+            },
+        );
         Answer::Done
     })
 }

@@ -12,7 +12,7 @@ use crate::Answer;
 const TASK: usize = 1 << 16;
 const BLOCK: usize = 2048;
 /// Output bytes from which a map stores with streaming stores.
-const STREAM_MIN: usize = 8 << 20;
+pub(crate) const STREAM_MIN: usize = 8 << 20;
 
 pub(crate) fn map(
     par: &std::sync::Arc<super::par::Par>,

@@ -226,6 +226,7 @@ mod columns;
 mod contract;
 mod contract_general;
 pub(crate) mod eval;
+pub(crate) mod expf;
 mod fft;
 mod fold;
 mod fused;

@@ -144,15 +144,39 @@ unsafe impl Send for Out<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for Out<'_> {}
 
-/// A zeroed buffer of 4-byte entries whose first lies on a 64-byte line.
-struct Aligned<P> {
+/// A buffer of packed entries whose first lies on a 64-byte line, taken from the calling
+/// thread's [`SCRATCH`] and given back when dropped. Its entries hold whatever an earlier product
+/// packed: every packer writes every entry of its panel, padding included, before the tiles read it.
+struct Aligned<P: 'static> {
     v: Vec<P>,
     start: usize,
 }
 
-impl<P: Copy + Default> Aligned<P> {
+thread_local! {
+    /// Packing buffers a product gave back, for the next product on this thread: an allocator's
+    /// cache (no setting, nothing a result depends on), so that a training step's small
+    /// products neither zero nor fault in fresh pages for every call. At most [`KEPT`] buffers
+    /// of at most [`KEPT_BYTES`] each are kept.
+    static SCRATCH: std::cell::RefCell<Vec<Box<dyn std::any::Any>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Buffers [`SCRATCH`] keeps a thread.
+const KEPT: usize = 4;
+/// The largest buffer [`SCRATCH`] keeps.
+const KEPT_BYTES: usize = 16 << 20;
+
+impl<P: Copy + Default + 'static> Aligned<P> {
     fn new(len: usize) -> Aligned<P> {
-        let v = vec![P::default(); len + 16];
+        let want = len + 16;
+        let kept = SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let at = s.iter().position(|b| b.downcast_ref::<Vec<P>>().is_some_and(|v| v.len() >= want))?;
+            s.swap_remove(at).downcast::<Vec<P>>().ok()
+        });
+        let v = match kept {
+            Some(v) => *v,
+            None => vec![P::default(); want],
+        };
         let start = v.as_ptr().align_offset(64).min(16);
         Aligned { v, start }
     }
@@ -162,10 +186,26 @@ impl<P: Copy + Default> Aligned<P> {
     }
 }
 
+impl<P: 'static> Drop for Aligned<P> {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.v);
+        if v.len() * std::mem::size_of::<P>() > KEPT_BYTES {
+            return;
+        }
+        // a thread being torn down has no cache left: the buffer is freed
+        let _ = SCRATCH.try_with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < KEPT {
+                s.push(Box::new(v));
+            }
+        });
+    }
+}
+
 /// What the loop nest runs: how operands are packed into panels and the tile kernel over them.
 pub(crate) trait Kit: Sync {
     /// A packed entry.
-    type P: Copy + Default + Send + Sync;
+    type P: Copy + Default + Send + Sync + 'static;
     /// The tile: (rows, columns), at most 12 rows.
     fn tile(&self) -> (usize, usize);
     /// Packed entries along the contracting axis for `kc` of its indices.
