@@ -79,8 +79,10 @@ fn main() {
     if run_one {
         println!("nx, one device:        {a:>9.0} tokens/s");
     }
-    if run_mesh {
+    if run_mesh && run_one {
         println!("nx, 2×2 simulated mesh: {b:>9.0} tokens/s  (one device / mesh: {:.2}×)", a / b);
+    } else if run_mesh {
+        println!("nx, 2×2 simulated mesh: {b:>9.0} tokens/s");
     }
     if !pt.is_empty() && run_one {
         let t = median(&mut pt);

@@ -21,9 +21,9 @@ const HIGH: f32 = 88.722_83;
 /// `exp(x)` rounded to `f32`: `x = n ln 2 + r` (`n` the integer nearest `x / ln 2`), Cephes'
 /// degree-6 polynomial on `r`, scaled by `2ⁿ` as two powers of two (the first product exact, so
 /// a subnormal result is rounded once). Within 1 ulp of `exp` (0.96 at most over 2·10⁶ points of
-/// the whole range, subnormal results included, in this module's test), +0 below
-/// −104, +∞ above 88.72283, the quiet NaN (`0x7FC00000`) for a NaN. No fused multiply-adds: the same bits whatever the CPU
-/// and however the loop is vectorised.
+/// the whole range, subnormal results included, in this module's test), +0 below −104, +∞ above
+/// 88.72283, the quiet NaN (`0x7FC00000`) for a NaN. No fused multiply-adds: the same bits
+/// whatever the CPU and however the loop is vectorised.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
     let t = x * LOG2E + ROUND;
