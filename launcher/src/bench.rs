@@ -260,7 +260,7 @@ pub fn kernels(a: &KernelArgs) -> Result<String, Error> {
     }
     text.push_str(&format!("SIMD level dispatched to: {} (the highest this CPU has)\n", host.simd()));
     text.push_str("limits: maps against the copy bandwidth (bytes read + written per second), sums against the\n");
-    text.push_str("        read limit (bytes read per second by the faster plain read loop), each timed\n");
+    text.push_str("        read limit (bytes read per second by the fastest plain read loop), each timed\n");
     text.push_str("        beside each kernel run, each run after an untimed scrub of the caches;\n");
     text.push_str("        ratio = median over repeats of (kernel bytes/s) / (limit bytes/s); with --torch, torch's\n");
     text.push_str(
@@ -395,17 +395,20 @@ fn memory_rows(
         // a peer for the sums: a plain parallel Rust loop of the sums' 8 lanes, in place
         Case::new("sum, plain 8-lane Rust loop (peer)", n * 4, || {
             let simd = Simd::detected();
-            let sum =
-                x.with_slice(|v| v.par_chunks(1 << 16).map(|c| lanes8(simd, c)).sum::<f32>()).expect("contiguous");
+            let sum = x
+                .with_slice(|v| host.install(|| v.par_chunks(1 << 16).map(|c| lanes8(simd, c)).sum::<f32>()))
+                .expect("contiguous");
             std::hint::black_box(sum);
         })
         .reads(),
         // the write-only counterpart: what streaming stores alone get per second here
         Case::new("fill, streaming stores (write-only peer)", n * 4, || {
             out2.with_slice_mut(|d| {
-                d.par_chunks_mut(1 << 16).for_each(|c| {
-                    stream_fill(c, 1.0);
-                    nx::kernels::host::store_fence();
+                host.install(|| {
+                    d.par_chunks_mut(1 << 16).for_each(|c| {
+                        stream_fill(c, 1.0);
+                        nx::kernels::host::store_fence();
+                    })
                 })
             })
             .expect("contiguous")
@@ -447,8 +450,13 @@ fn memory_rows(
     let mut torch_note = None;
     // Before each timed run, an untimed read of an unrelated buffer: whatever the previous run
     // left dirty in the caches is written back then, so each run starts from the same state.
+    // Every parallel loop of the bench (scrub, limits, peers) runs on the library's pool, as the
+    // kernels do: a second pool's threads, still spinning after the scrub, had held off the
+    // wake-up of the kernels' threads (sums read at 0.7 of their speed then).
     let scrub: Vec<f32> = vec![1.0; 1 << 24];
-    let clean = || std::hint::black_box(scrub.par_chunks(1 << 16).map(|c| c.iter().sum::<f32>()).sum::<f32>());
+    let simd = Simd::detected();
+    let clean =
+        || host.install(|| std::hint::black_box(scrub.par_chunks(1 << 16).map(|c| lanes8(simd, c)).sum::<f32>()));
     for rep in 0..=r {
         // torch's round first (its own process), then the limits and nx's rows back to back
         let peer = if rep > 0 && a.torch != "none" {
@@ -468,8 +476,8 @@ fn memory_rows(
             None
         };
         clean();
-        let bw = x.with_slice(|s| out.with_slice_mut(|d| copy_limit(s, d, &clean)))??;
-        let rb = x.with_slice(|s| read_limit(s, &clean))?;
+        let bw = x.with_slice(|s| out.with_slice_mut(|d| host.install(|| copy_limit(s, d, &clean))))??;
+        let rb = x.with_slice(|s| host.install(|| read_limit(s, &clean)))?;
         for (i, case) in cases.iter_mut().enumerate() {
             clean();
             let t = Instant::now();
@@ -493,7 +501,7 @@ fn memory_rows(
     let (bw, rb) = (median(copy_bw), median(read_bw));
     rows.push(Row { name: "copy".into(), value: bw, unit: "GB/s", limit: None, ratio: None, ..Default::default() });
     rows.push(Row {
-        name: "read limit (plain 8- or 64-lane loop, the faster)".into(),
+        name: "read limit (plain 8- or 64-lane loops, the fastest)".into(),
         value: rb,
         unit: "GB/s",
         limit: None,

@@ -91,3 +91,42 @@ fn every_level_of_the_chunk_loop_gives_the_baseline_bits() {
         }
     }
 }
+
+/// Chunks summed four side by side (runs, rows of whole chunks summed across row boundaries, and
+/// the evaluated path's partials) give the naive association's bits at every level, for runs
+/// that end inside and after a quadruple of chunks.
+#[test]
+fn chunks_summed_side_by_side_keep_each_chunks_bits() {
+    for simd in Simd::available_levels() {
+        for n in [4 * 2048, 4 * 2048 + 1, 7 * 2048 + 3, 8 * 2048, 13 * 2048 + 2047] {
+            let (xs, ds, zs) = terms(n);
+            let Partial::Sum(r) = sum_run(simd, &xs) else { unreachable!() };
+            assert_eq!(r.to_bits(), naive_run(&xs).to_bits(), "f32 run {simd}, {n}");
+            let Partial::Sum(r) = sum_run(simd, &ds) else { unreachable!() };
+            assert_eq!(r.to_bits(), naive_run(&ds).to_bits(), "f64 run {simd}, {n}");
+            let Partial::Sum(r) = sum_run(simd, &zs) else { unreachable!() };
+            assert_eq!(cbits(r), cbits(naive_run(&zs)), "c64 run {simd}, {n}");
+            let mut ps = Vec::new();
+            chunks_any(simd, Reduction::Sum, Src::F(&xs), 0, &mut ps);
+            let want: Vec<u32> = xs.chunks(2048).map(|c| naive_chunk(c).to_bits()).collect();
+            let got: Vec<u32> = ps
+                .iter()
+                .map(|p| if let AnyPartial::F(Partial::Sum(x)) = p { x.to_bits() } else { panic!() })
+                .collect();
+            assert_eq!(got, want, "f32 partials {simd}, {n}");
+        }
+        // rows of one, two and three whole chunks, and of a chunk and a bit
+        for (rows, terms_a_row) in [(9, 2048), (7, 2 * 2048), (5, 3 * 2048), (3, 2049)] {
+            let (xs, ds, _) = terms(rows * terms_a_row);
+            let mut got = Vec::new();
+            sum_rows(simd, &xs, terms_a_row, &mut |k, (v, _)| got.push((k, v)));
+            let want: Vec<_> =
+                xs.chunks(terms_a_row).map(|r| Value::Float(f64::from(naive_run(r)))).enumerate().collect();
+            assert_eq!(format!("{got:?}"), format!("{want:?}"), "f32 rows {simd}, {rows}x{terms_a_row}");
+            let mut got = Vec::new();
+            sum_rows(simd, &ds, terms_a_row, &mut |k, (v, _)| got.push((k, v)));
+            let want: Vec<_> = ds.chunks(terms_a_row).map(|r| Value::Float(naive_run(r))).enumerate().collect();
+            assert_eq!(format!("{got:?}"), format!("{want:?}"), "f64 rows {simd}, {rows}x{terms_a_row}");
+        }
+    }
+}

@@ -11,12 +11,15 @@
 //!
 //! Loop nest: for each [`NC`] columns and each block of the contracting axis, `B`'s block is
 //! packed into panels of the tile's width (zero-padded), then each [`MCHUNK`] rows of `A` into
-//! panels of the tile's height, both over the pool; tasks of up to [`MC_PANELS`] row panels (and,
-//! where they are fewer than 8 a thread, a share of the column panels) run the tile kernel over
-//! every pair, an `A` panel (12 × 512: 24 KiB, the first level of cache) against each of the
-//! task's `B` panels in turn (from the second). The tile kernels reach 106 GFLOP/s a core here
-//! (AMD EPYC with AVX-512, data in the first level: the AVX2 tiles reach as much); see the
-//! README's benchmarks for whole products.
+//! panels of the tile's height, both over the pool; tasks of up to [`MC_PANELS`] row panels and
+//! a share of the column panels (at most [`B_SHARE_BYTES`] of them, and more shares where the
+//! tasks would be fewer than 8 a thread) run the tile kernel over every pair, an `A` panel
+//! (12 × 512: 24 KiB, the first level of cache) against each of the task's `B` panels in turn
+//! (from the second, which must hold them all: on the Intel VM a share of 2 MiB, its whole second
+//! level, had them come from the third and the product ran at 0.75 of its speed with shares of
+//! 256 KiB–1 MiB). The tile kernels reach 106 GFLOP/s a core on an AMD EPYC with AVX-512 (data
+//! in the first level: the AVX2 tiles reach as much); see the README's benchmarks for whole
+//! products.
 
 use crate::Simd;
 use rayon::prelude::*;
@@ -29,6 +32,10 @@ const NC: usize = 4096;
 const MCHUNK: usize = 4096;
 /// Row panels in a task's block of `A`.
 const MC_PANELS: usize = 16;
+/// The most bytes of packed `B` panels one task runs its row panels against: half of the smallest
+/// second-level cache of the x86 cores nx meets (512 KiB, AMD Zen 2 and 3), so they stay there
+/// while the task's `A` panels pass over them.
+const B_SHARE_BYTES: usize = 1 << 18;
 
 /// The tile kernels, by instruction set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -345,7 +352,9 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                 // of a share of the column panels
                 let blocks = row_panels.div_ceil(MC_PANELS);
                 let per_block = row_panels.div_ceil(blocks);
+                let fit = (B_SHARE_BYTES / (deep * nr * size_of::<K::P>())).max(1);
                 let shares = if threads == 1 { 1 } else { (8 * threads).div_ceil(blocks).min(panels) };
+                let shares = shares.max(panels.div_ceil(fit));
                 let per_share = panels.div_ceil(shares);
                 let task = |t: usize| {
                     let (ib, sh) = (t / shares, t % shares);
@@ -553,6 +562,9 @@ pub(crate) mod x86 {
         }
     }
 
+    /// How far ahead of its loads the AVX-512 tile asks for the `B` panel, in elements.
+    const PREFETCH_B: usize = 32 * 24;
+
     /// The AVX-512 tile: 12 rows × 32 columns in 24 registers.
     ///
     /// # Safety
@@ -574,6 +586,9 @@ pub(crate) mod x86 {
                 prefetch(dst, mv);
             }
             for p in 0..kc {
+                // the B panel streams from the second cache level: ask for its lines ahead
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * 32 + PREFETCH_B).cast());
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * 32 + PREFETCH_B + 16).cast());
                 let b0 = _mm512_loadu_ps(b.add(p * 32));
                 let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
                 let ap = a.add(p * 12);
