@@ -15,9 +15,9 @@
 //! a share of the column panels (at most [`B_SHARE_BYTES`] of them, and more shares where the
 //! tasks would be fewer than 8 a thread) run the tile kernel over every pair, an `A` panel
 //! (12 × 512: 24 KiB, the first level of cache) against each of the task's `B` panels in turn
-//! (from the second, which must hold them all: on the Intel VM a share of 2 MiB, its whole second
-//! level, had them come from the third and the product ran at 0.75 of its speed with shares of
-//! 256 KiB–1 MiB). The tile kernels reach 106 GFLOP/s a core on an AMD EPYC with AVX-512 (data
+//! (from the second, which must hold them all: on the Intel VM, shares of 2 MiB, its whole second
+//! level, had them come from the third, and 2048³ ran at 218 GFLOP/s against 295 with shares of
+//! 256 KiB, 512 KiB or 1 MiB). The tile kernels reach 106 GFLOP/s a core on an AMD EPYC with AVX-512 (data
 //! in the first level: the AVX2 tiles reach as much); see the README's benchmarks for whole
 //! products.
 
