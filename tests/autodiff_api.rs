@@ -184,3 +184,72 @@ fn refusals_reach_every_rank() {
         assert!(e3.contains("nx::autodiff::Var::cross_entropy") && e3.contains("label 9"), "{e3}");
     }
 }
+
+/// Layer norm of an `f32` value of many rows (several of the pool's tasks a rank), forward and
+/// backward, against its formulas written naively in `f64` here; on one device and with the rows
+/// cut over three (each row's output and gradient the same bits, the parameters' gradients within
+/// rounding of each other).
+#[test]
+fn layer_norm_of_many_rows_against_naive_f64() {
+    const R: usize = 2001;
+    const D: usize = 9;
+    let xv = |i: usize| ((i * 7919 + 13) % 1009) as f64 / 1009.0 * 4.0 - 2.0 + (i / D) as f64 * 1e-3;
+    let gv = |j: usize| 0.5 + j as f64 * 0.125;
+    let bv = |j: usize| j as f64 * 0.25 - 1.0;
+    let rv = |i: usize| ((i * 31 + 7) % 97) as f64 / 97.0 - 0.5;
+    let run = |n: usize| {
+        launch_with(&opts(n), |ctx| {
+            let rows = Placement::split(0, ctx.devices())?;
+            let copies = Placement::on(ctx.devices());
+            let tape = Tape::new();
+            let x = tape.param("x", Tensor::<f32>::from_fn(ctx, &[R, D], &rows, |i| xv(i[0] * D + i[1]) as f32)?);
+            let g = tape.param("g", Tensor::<f32>::from_fn(ctx, &[D], &copies, |i| gv(i[0]) as f32)?);
+            let b = tape.param("b", Tensor::<f32>::from_fn(ctx, &[D], &copies, |i| bv(i[0]) as f32)?);
+            let r = tape.constant(Tensor::<f32>::from_fn(ctx, &[R, D], &rows, |i| rv(i[0] * D + i[1]) as f32)?);
+            let y = x.layer_norm(&g, &b, 1e-5)?;
+            let loss = y.mul(&r)?.sum_all()?;
+            let grads = tape.backward(&loss)?;
+            let whole = |name: &str| -> nx::Result<Vec<f32>> { Ok(grads.named(name).unwrap().full()?.to_vec()?) };
+            Ok((y.value().full()?.to_vec()?, whole("x")?, whole("g")?, whole("b")?))
+        })
+        .unwrap()
+        .remove(0)
+    };
+    // the naive formulas, from the f32 inputs
+    let x32: Vec<f64> = (0..R * D).map(|i| f64::from(xv(i) as f32)).collect();
+    let (g32, b32): (Vec<f64>, Vec<f64>) = (0..D).map(|j| (f64::from(gv(j) as f32), f64::from(bv(j) as f32))).unzip();
+    let r32: Vec<f64> = (0..R * D).map(|i| f64::from(rv(i) as f32)).collect();
+    let (mut y, mut dx, mut dg, mut db) = (vec![0.0; R * D], vec![0.0; R * D], vec![0.0; D], vec![0.0; D]);
+    for i in 0..R {
+        let row = &x32[i * D..(i + 1) * D];
+        let mu = row.iter().sum::<f64>() / D as f64;
+        let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / D as f64;
+        let rstd = 1.0 / (var + 1e-5).sqrt();
+        let h: Vec<f64> = row.iter().map(|v| (v - mu) * rstd).collect();
+        let dh: Vec<f64> = (0..D).map(|j| r32[i * D + j] * g32[j]).collect();
+        let m1 = dh.iter().sum::<f64>() / D as f64;
+        let m2 = dh.iter().zip(&h).map(|(a, b)| a * b).sum::<f64>() / D as f64;
+        for j in 0..D {
+            y[i * D + j] = h[j] * g32[j] + b32[j];
+            dx[i * D + j] = rstd * (dh[j] - m1 - h[j] * m2);
+            dg[j] += r32[i * D + j] * h[j];
+            db[j] += r32[i * D + j];
+        }
+    }
+    let close = |got: &[f32], want: &[f64], tol: f64, what: &str| {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert!((f64::from(g) - w).abs() <= tol * (1.0 + w.abs()), "{what}[{k}]: {g} against {w}");
+        }
+    };
+    let one = run(1);
+    close(&one.0, &y, 1e-6, "y");
+    close(&one.1, &dx, 1e-6, "dx");
+    close(&one.2, &dg, 1e-5, "dgamma");
+    close(&one.3, &db, 1e-5, "dbeta");
+    let three = run(3);
+    assert_eq!(three.0, one.0, "each row's output the same bits on three devices");
+    assert_eq!(three.1, one.1, "each row's gradient the same bits on three devices");
+    close(&three.2, &dg, 1e-5, "dgamma on three devices");
+    close(&three.3, &db, 1e-5, "dbeta on three devices");
+}

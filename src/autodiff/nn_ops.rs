@@ -53,13 +53,70 @@ fn agree(func: &'static str, t: &Tensor<'_, i64>, bad: Option<(usize, i64)>, why
     }
 }
 
-/// The elements of `a` in C order as `f64`s, read in place where `a` is contiguous.
-fn elements_f64<T: Reducible>(a: &Array<T>) -> Result<Vec<f64>> {
-    if a.layout().is_contiguous() {
-        Ok(a.with_slice(|s| s.iter().map(|&x| to_f64(x)).collect())?)
-    } else {
-        Ok(a.to_vec()?.into_iter().map(to_f64).collect())
-    }
+/// `a`, or a C-ordered copy of it where it is not contiguous.
+fn contiguous<T: Reducible>(a: &Array<T>) -> Result<Array<T>> {
+    Ok(if a.layout().is_contiguous() { a.clone() } else { a.copy()? })
+}
+
+/// Rows of a parallel task in [`by_rows`] and [`by_columns`]: about 4096 elements.
+fn rows_a_task(d: usize) -> usize {
+    (4096 / d.max(1)).max(1)
+}
+
+/// Runs `f(i, src row i, dst row i, state i)` for each row of `d` elements of `src` and `dst`
+/// (`state` one entry a row), tasks of whole rows in parallel on `host`'s pool.
+fn by_rows<T: Sync, U: Send, S: Send>(
+    host: &nx_kernels::Host,
+    d: usize,
+    src: &[T],
+    dst: &mut [U],
+    state: &mut [S],
+    f: impl Fn(usize, &[T], &mut [U], &mut S) + Sync,
+) {
+    use rayon::prelude::*;
+    let (rows, d) = (state.len(), d.max(1));
+    let per = rows_a_task(d);
+    host.install(|| {
+        src[..rows * d]
+            .par_chunks(per * d)
+            .zip(dst[..rows * d].par_chunks_mut(per * d))
+            .zip(state.par_chunks_mut(per))
+            .enumerate()
+            .for_each(|(k, ((s, o), st))| {
+                for (j, ((s, o), st)) in s.chunks_exact(d).zip(o.chunks_exact_mut(d)).zip(st).enumerate() {
+                    f(k * per + j, s, o, st);
+                }
+            })
+    })
+}
+
+/// Layer norm's parameter gradients: `dg[j] += Σ dy[i, j]·x̂[i, j]` and `db[j] += Σ dy[i, j]` over
+/// the rows `i` in row order (`x̂ = (x − mean)·(1/σ)` from each row's `stats`), blocks of columns
+/// in parallel on `host`'s pool (so each column's sum keeps its order).
+fn by_columns<T: Reducible>(
+    host: &nx_kernels::Host,
+    d: usize,
+    xs: &[T],
+    dys: &[T],
+    stats: &[(f64, f64)],
+    dg: &mut [f64],
+    db: &mut [f64],
+) {
+    use rayon::prelude::*;
+    const COLUMNS: usize = 32;
+    host.install(|| {
+        dg.par_chunks_mut(COLUMNS).zip(db.par_chunks_mut(COLUMNS)).enumerate().for_each(|(k, (dg, db))| {
+            let c0 = k * COLUMNS;
+            for (i, &(mu, rstd)) in stats.iter().enumerate() {
+                let (xr, dyr) = (&xs[i * d + c0..][..dg.len()], &dys[i * d + c0..][..dg.len()]);
+                for (((g, b), &x), &dy) in dg.iter_mut().zip(db.iter_mut()).zip(xr).zip(dyr) {
+                    let dy = to_f64(dy);
+                    *g += dy * ((to_f64(x) - mu) * rstd);
+                    *b += dy;
+                }
+            }
+        })
+    })
 }
 
 /// This rank's whole window of a value with copies, as `f64`s.
@@ -104,28 +161,32 @@ impl<'d, T: Reducible> Var<'d, T> {
             }
         }
         let (gv, bv) = (local_f64(&gamma.value)?, local_f64(&beta.value)?);
-        // x̂ and 1/σ of each row, kept for the backward
+        // the mean and 1/σ of each row, kept for the backward (which recomputes x̂ from them)
         // a dry run's values are unspecified: its rows are not computed
         let dry = x.ctx.rig().is_dry();
-        let (xhat, rstd, local) = match &x.local {
-            Some(a) if dry => (Vec::new(), Vec::new(), Some(Array::uninit_on(x.ctx.rig(), a.shape())?)),
+        let (stats, local) = match &x.local {
+            Some(a) if dry => (Vec::new(), Some(Array::uninit_on(x.ctx.rig(), a.shape())?)),
             Some(a) => {
-                let xv = elements_f64(a)?;
-                let rows = xv.len().checked_div(d).unwrap_or(0);
-                let (mut xhat, mut rstd) = (vec![0.0; xv.len()], vec![0.0; rows]);
-                let mut out = Vec::with_capacity(xv.len());
-                for ((row, h), s) in xv.chunks_exact(d.max(1)).zip(xhat.chunks_exact_mut(d.max(1))).zip(&mut rstd) {
-                    let mu = row.iter().sum::<f64>() / d as f64;
-                    let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / d as f64;
-                    *s = 1.0 / (var + eps).sqrt();
-                    for (h, &v) in h.iter_mut().zip(row) {
-                        *h = (v - mu) * *s;
-                    }
-                    out.extend(h.iter().zip(&gv).zip(&bv).map(|((h, g), b)| crate::from_f64::<T>(h * g + b)));
-                }
-                (xhat, rstd, Some(Array::from_vec_on(x.ctx.rig(), a.shape(), out)?))
+                let a = contiguous(a)?;
+                let rows = a.layout().numel().checked_div(d).unwrap_or(0);
+                let mut stats = vec![(0.0, 0.0); rows];
+                let out = Array::<T>::uninit_on(x.ctx.rig(), a.shape())?;
+                a.with_slice(|xs| {
+                    out.with_slice_mut(|os| {
+                        by_rows(x.ctx.host(), d, xs, os, &mut stats, |_, row, o, st| {
+                            let mu = row.iter().map(|&v| to_f64(v)).sum::<f64>() / d as f64;
+                            let var = row.iter().map(|&v| (to_f64(v) - mu) * (to_f64(v) - mu)).sum::<f64>() / d as f64;
+                            let rstd = 1.0 / (var + eps).sqrt();
+                            for ((o, &v), (g, b)) in o.iter_mut().zip(row).zip(gv.iter().zip(&bv)) {
+                                *o = crate::from_f64::<T>((to_f64(v) - mu) * rstd * g + b);
+                            }
+                            *st = (mu, rstd);
+                        })
+                    })
+                })??;
+                (stats, Some(out))
             }
-            None => (Vec::new(), Vec::new(), None),
+            None => (Vec::new(), None),
         };
         let out = x.with_local(x.placement.clone(), x.shape.clone(), local);
         let xc = x.clone();
@@ -133,27 +194,41 @@ impl<'d, T: Reducible> Var<'d, T> {
             let g = fit(g, &xc.placement)?;
             let mut dg = vec![0.0; d];
             let mut db = vec![0.0; d];
-            let local = match &g.local {
-                Some(a) if dry => Some(Array::uninit_on(xc.ctx.rig(), a.shape())?),
-                Some(a) => {
-                    let dy = elements_f64(a)?;
-                    let mut dx = Vec::with_capacity(dy.len());
-                    let mut dh = vec![0.0; d];
-                    for ((dyr, hr), s) in dy.chunks_exact(d.max(1)).zip(xhat.chunks_exact(d.max(1))).zip(&rstd) {
-                        let (mut m1, mut m2) = (0.0, 0.0);
-                        for j in 0..d {
-                            dh[j] = dyr[j] * gv[j];
-                            m1 += dh[j];
-                            m2 += dh[j] * hr[j];
-                            dg[j] += dyr[j] * hr[j];
-                            db[j] += dyr[j];
-                        }
-                        let (m1, m2) = (m1 / d as f64, m2 / d as f64);
-                        dx.extend(dh.iter().zip(hr).map(|(dh, h)| crate::from_f64::<T>(s * (dh - m1 - h * m2))));
-                    }
-                    Some(Array::from_vec_on(xc.ctx.rig(), a.shape(), dx)?)
+            let local = match (&g.local, &xc.local) {
+                (Some(a), _) if dry => Some(Array::uninit_on(xc.ctx.rig(), a.shape())?),
+                (Some(a), Some(xa)) => {
+                    let (dy, xa) = (contiguous(a)?, contiguous(xa)?);
+                    let dx = Array::<T>::uninit_on(xc.ctx.rig(), a.shape())?;
+                    let host = xc.ctx.host();
+                    xa.with_slice(|xs| {
+                        dy.with_slice(|dys| {
+                            // each row's dx from its own x̂ (x̂ = (x − mean)·(1/σ), as forward)
+                            dx.with_slice_mut(|dxs| {
+                                let mut st = stats.clone();
+                                by_rows(host, d, dys, dxs, &mut st, |i, dyr, o, &mut (mu, rstd)| {
+                                    let xr = &xs[i * d..(i + 1) * d];
+                                    let (mut m1, mut m2) = (0.0, 0.0);
+                                    for ((&dv, &v), g) in dyr.iter().zip(xr).zip(&gv) {
+                                        let dh = to_f64(dv) * g;
+                                        m1 += dh;
+                                        m2 += dh * ((to_f64(v) - mu) * rstd);
+                                    }
+                                    let (m1, m2) = (m1 / d as f64, m2 / d as f64);
+                                    for ((o, (&dv, &v)), g) in o.iter_mut().zip(dyr.iter().zip(xr)).zip(&gv) {
+                                        let (dh, h) = (to_f64(dv) * g, (to_f64(v) - mu) * rstd);
+                                        *o = crate::from_f64::<T>(rstd * (dh - m1 - h * m2));
+                                    }
+                                })
+                            })?;
+                            // dgamma and dbeta: each column's sum over the rows in row order,
+                            // columns in parallel
+                            by_columns(host, d, xs, dys, &stats, &mut dg, &mut db);
+                            Ok::<_, nx_kernels::Error>(())
+                        })
+                    })???;
+                    Some(dx)
                 }
-                None => None,
+                _ => None,
             };
             let gx = xc.with_local(xc.placement.clone(), xc.shape.clone(), local);
             // the parameters' gradients: each rank's rows, a sum over the mesh axes cutting them

@@ -550,8 +550,11 @@ fn g_shape(shape: &[usize], axis: usize) -> Vec<usize> {
 }
 
 /// The gradient of a contraction in one operand (`a`, of rank `rank`, or `b` where `of_b`): the
-/// output's gradient `g` contracted with the other operand `o` over the other's free axes, the
-/// result permuted to the operand's axes.
+/// output's gradient `g` contracted with the other operand `o` over the other's free axes, as
+/// `g · o` or as `o · g`, whichever lands in the operand's axes (`dW = xᵀ·dy` of a linear layer
+/// as `x · dy` over the rows, not `dy · x` and a transposing copy), else `g · o` permuted to them.
+/// The two orders give the same bits: each product's factors commute exactly and the contracted
+/// indices are summed in the same order.
 fn contract_grad<'d, T: Reducible>(
     g: &Tensor<'d, T>,
     o: &Tensor<'d, T>,
@@ -572,22 +575,31 @@ fn contract_grad<'d, T: Reducible>(
     // g's axes: batch, a's free, b's free; the other operand's free axes among them
     let start = if of_b { nb } else { nb + free_mine.len() };
     let g_other: Vec<usize> = (start..start + free_other.len()).collect();
+    // the axes left of `o` (paired with my contracting axes), in o's order, as mine
+    let mut rest: Vec<(usize, usize)> = contracting.iter().map(|&(m, ox)| (ox, m)).collect();
+    rest.sort();
+    let batch_mine = batch.iter().map(|p| p.0);
+    // g · o: batch, g's free axes (my free axes, in order), then o's axes left
+    let gfirst: Vec<usize> =
+        batch_mine.clone().chain(free_mine.iter().copied()).chain(rest.iter().map(|p| p.1)).collect();
+    // o · g: batch, o's axes left, then my free axes
+    let ofirst: Vec<usize> = batch_mine.chain(rest.iter().map(|p| p.1)).chain(free_mine.iter().copied()).collect();
+    let identity = |src: &[usize]| src.iter().enumerate().all(|(i, &s)| i == s);
+    if identity(&ofirst) && !identity(&gfirst) {
+        let ospec = Contraction {
+            batch: batch.iter().enumerate().map(|(k, p)| (p.1, k)).collect(),
+            contracting: free_other.iter().zip(&g_other).map(|(&ox, &gx)| (ox, gx)).collect(),
+        };
+        return o.contract(g, &ospec);
+    }
     let gspec = Contraction {
         batch: batch.iter().enumerate().map(|(k, p)| (k, p.1)).collect(),
         contracting: g_other.iter().zip(&free_other).map(|(&gx, &ox)| (gx, ox)).collect(),
     };
     let r = g.contract(o, &gspec)?;
-    // r's axes: batch (mine), then g's free axes (= my free axes, in order), then o's free axes
-    // left (= o's axes paired with my contracting axes, in o's order)
-    let mut src: Vec<usize> = batch.iter().map(|p| p.0).collect();
-    src.extend(&free_mine);
-    let mut rest: Vec<(usize, usize)> = contracting.iter().map(|&(m, ox)| (ox, m)).collect();
-    rest.sort();
-    src.extend(rest.iter().map(|p| p.1));
-    let perm: Vec<usize> = (0..rank).map(|i| src.iter().position(|&s| s == i).expect("every axis once")).collect();
-    if perm.iter().enumerate().all(|(i, &p)| i == p) {
-        Ok(r)
-    } else {
-        r.permute(&perm)
+    if identity(&gfirst) {
+        return Ok(r);
     }
+    let perm: Vec<usize> = (0..rank).map(|i| gfirst.iter().position(|&s| s == i).expect("every axis once")).collect();
+    r.permute(&perm)
 }

@@ -115,8 +115,10 @@ fn chunks_summed_side_by_side_keep_each_chunks_bits() {
                 .collect();
             assert_eq!(got, want, "f32 partials {simd}, {n}");
         }
-        // rows of one, two and three whole chunks, and of a chunk and a bit
-        for (rows, terms_a_row) in [(9, 2048), (7, 2 * 2048), (5, 3 * 2048), (3, 2049)] {
+        // rows of one, two and three whole chunks, and of a chunk and a bit; short rows (each
+        // one chunk, summed in one call)
+        let short = [(17, 1), (33, 7), (64, 8), (9, 13), (5, 2047)];
+        for (rows, terms_a_row) in [(9, 2048), (7, 2 * 2048), (5, 3 * 2048), (3, 2049)].into_iter().chain(short) {
             let (xs, ds, _) = terms(rows * terms_a_row);
             let mut got = Vec::new();
             sum_rows(simd, &xs, terms_a_row, &mut |k, (v, _)| got.push((k, v)));
@@ -127,6 +129,45 @@ fn chunks_summed_side_by_side_keep_each_chunks_bits() {
             sum_rows(simd, &ds, terms_a_row, &mut |k, (v, _)| got.push((k, v)));
             let want: Vec<_> = ds.chunks(terms_a_row).map(|r| Value::Float(naive_run(r))).enumerate().collect();
             assert_eq!(format!("{got:?}"), format!("{want:?}"), "f64 rows {simd}, {rows}x{terms_a_row}");
+        }
+    }
+}
+
+/// A reduction's short rows (each one chunk: attention's rows of a few keys) summed by the kernel,
+/// plain and through a program (a product of two loads), give each row's documented association,
+/// inline and split over the pool, at uneven row counts and lengths.
+#[test]
+fn short_rows_through_the_kernel_keep_the_chunk_association() {
+    use crate::host::{HostOptions, Store};
+    use crate::{Array, Kernels, Prog};
+    let dev = nx_mesh::Device { kind: nx_mesh::DeviceKind::Sim, ordinal: 0, rank: 0 };
+    let split = HostOptions { threads: Some(2), reduce: Some(1), store: Store::Memory, ..HostOptions::default() };
+    let inline = HostOptions { threads: Some(1), store: Store::Memory, ..HostOptions::default() };
+    for opts in [split, inline] {
+        let host = crate::Host::with_options(opts).unwrap();
+        for (rows, t) in [(1, 1), (3, 7), (2048, 8), (513, 13), (9, 2047), (4, 2048)] {
+            let (xs, _, _) = terms(rows * t);
+            let ys: Vec<f32> = (0..rows * t).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
+            let (a, b) = (
+                Array::from_vec(dev, &[rows, t], xs.clone()).unwrap(),
+                Array::from_vec(dev, &[rows, t], ys.clone()).unwrap(),
+            );
+            for product in [false, true] {
+                let mut p = Prog::new(&[Dtype::F32, Dtype::F32]);
+                let (x, y) = (p.load(0), p.load(1));
+                let v = if product { p.mul(x, y) } else { x };
+                p.output(v);
+                let out = Array::<f32>::zeros(dev, &[rows]).unwrap();
+                assert_eq!(
+                    host.reduce(&p, &[rows, t], &[1], &[Reduction::Sum], &[&out], &[&a, &b]),
+                    crate::Answer::Done
+                );
+                let terms: Vec<f32> =
+                    if product { xs.iter().zip(&ys).map(|(x, y)| x * y).collect() } else { xs.clone() };
+                let want: Vec<u32> = terms.chunks(t).map(|r| naive_chunk(r).to_bits()).collect();
+                let got: Vec<u32> = out.to_vec().unwrap().iter().map(|x| x.to_bits()).collect();
+                assert_eq!(got, want, "{rows}x{t}, product {product}, threads {}", host.threads());
+            }
         }
     }
 }
