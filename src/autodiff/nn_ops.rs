@@ -204,9 +204,9 @@ impl<'d, T: Reducible> Var<'d, T> {
                         dy.with_slice(|dys| {
                             // each row's dx from its own x̂ (x̂ = (x − mean)·(1/σ), as forward)
                             dx.with_slice_mut(|dxs| {
-                                let mut st = stats.clone();
-                                by_rows(host, d, dys, dxs, &mut st, |i, dyr, o, &mut (mu, rstd)| {
-                                    let xr = &xs[i * d..(i + 1) * d];
+                                // no state a row to write: a zero-sized slot for each
+                                by_rows(host, d, dys, dxs, &mut vec![(); stats.len()], |i, dyr, o, _| {
+                                    let ((mu, rstd), xr) = (stats[i], &xs[i * d..(i + 1) * d]);
                                     let (mut m1, mut m2) = (0.0, 0.0);
                                     for ((&dv, &v), g) in dyr.iter().zip(xr).zip(&gv) {
                                         let dh = to_f64(dv) * g;
