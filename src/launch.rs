@@ -393,6 +393,9 @@ fn env_timeout() -> Result<Duration> {
 /// Runs `body` once per rank with the defaults of [`LaunchOptions`]; answers the results of the
 /// ranks of this process (every rank on a simulated mesh, this one under MPI).
 ///
+/// Simulated ranks run on threads of their own; a mesh of one device runs its body on a worker
+/// of the host kernels' pool (a rayon pool: the body's own `par_iter`s share its threads).
+///
 /// # Errors
 /// The first failing rank's error ([`Error::Collectives`] with `RankFailed` on a simulated mesh);
 /// under MPI a failing rank aborts the job instead. [`Error::Invalid`] for a bad `NX_SIM_DEVICES`
@@ -436,29 +439,36 @@ where
     let sopts = SimOptions { checked, timeout, faults: opts.faults.clone(), hosts, simd: None };
     // one library for every simulated rank: one pool of the machine's cores, not one per rank
     let host = Host::new();
-    Ok(sim::run(n, sopts, |comm: SimComm| -> Result<R> {
-        let index = comm.rank();
-        let queue = queue.map(|q| QueueOptions { seed: q.seed ^ index as u64, ..q });
-        let dry = opts.observe == Some(Observe::Dry);
-        let rig = Rig::new(Device::sim(index), RigOptions { queue, limit: opts.memory_limit, dry })?;
-        let (host, recording) = observed(&host, opts.observe);
-        Devices::with(Device::sims(n), |devices| {
-            let ctx = Ctx {
-                inner: Rc::new(Inner {
-                    comm: Comm::Sim(comm),
-                    groups: Default::default(),
-                    devices,
-                    index,
-                    host: host.clone(),
-                    rig,
-                    auto_place: opts.auto_place,
-                    recording: recording.clone(),
-                }),
-            };
-            body(&ctx)
+    let ranks = |sopts| {
+        sim::run(n, sopts, |comm: SimComm| -> Result<R> {
+            let index = comm.rank();
+            let queue = queue.map(|q| QueueOptions { seed: q.seed ^ index as u64, ..q });
+            let dry = opts.observe == Some(Observe::Dry);
+            let rig = Rig::new(Device::sim(index), RigOptions { queue, limit: opts.memory_limit, dry })?;
+            let (host, recording) = observed(&host, opts.observe);
+            Devices::with(Device::sims(n), |devices| {
+                let ctx = Ctx {
+                    inner: Rc::new(Inner {
+                        comm: Comm::Sim(comm),
+                        groups: Default::default(),
+                        devices,
+                        index,
+                        host: host.clone(),
+                        rig,
+                        auto_place: opts.auto_place,
+                        recording: recording.clone(),
+                    }),
+                };
+                body(&ctx)
+            })
+            .map_err(nx_placement::Error::from)?
         })
-        .map_err(nx_placement::Error::from)?
-    })?)
+    };
+    // one rank's body runs on a worker of the host pool: its kernels split from there, with no
+    // hand-off into the pool and back per call (more ranks wait on each other in collectives, so
+    // they keep threads of their own)
+    let out = if n == 1 { host.install(|| ranks(sopts)) } else { ranks(sopts) };
+    Ok(out?)
 }
 
 #[cfg(feature = "mpi")]

@@ -74,8 +74,8 @@ pub struct SimComm {
     recorder: Recorder,
 }
 
-/// Runs `body` on `n` simulated ranks, each a thread with its [`SimComm`] over the world, and
-/// returns their results in rank order.
+/// Runs `body` on `n` simulated ranks, each a thread with its [`SimComm`] over the world (one
+/// rank on the caller's thread), and returns their results in rank order.
 ///
 /// # Errors
 /// [`Error::Invalid`] for `n` = 0 or past [`MAX_RANKS`]; [`Error::RankFailed`] naming the first
@@ -99,62 +99,76 @@ where
         });
     }
     let world = Arc::new(World::new(n, opts));
-    let results: Vec<Option<R>> = std::thread::scope(|s| {
-        let mut handles = Vec::with_capacity(n);
-        for r in 0..n {
-            let (w, body) = (world.clone(), &body);
-            let started = std::thread::Builder::new().name(format!("nx-sim-rank-{r}")).spawn_scoped(s, move || {
-                let world = w;
-                let comm = SimComm {
-                    group: world.group(&[], || (0..n).collect()),
-                    world: world.clone(),
-                    key: Vec::new(),
-                    rank: r,
-                    seq: Cell::new(0),
-                    axes: Vec::new(),
-                    recorder: Recorder::new(),
-                };
-                let out = std::panic::catch_unwind(AssertUnwindSafe(|| body(comm)));
-                match out {
-                    Ok(Ok(v)) => {
-                        world.leave(r, "returned from its body".into(), None);
-                        Some(v)
+    let results: Vec<Option<R>> = if n == 1 {
+        // one rank runs on the caller's thread: a caller on a pool's worker keeps its kernels
+        // there (their splits start from a worker, with no hand-off into the pool and back)
+        vec![rank(&world, 0, 1, &body)]
+    } else {
+        std::thread::scope(|s| {
+            let mut handles = Vec::with_capacity(n);
+            for r in 0..n {
+                let (w, body) = (world.clone(), &body);
+                let started = std::thread::Builder::new()
+                    .name(format!("nx-sim-rank-{r}"))
+                    .spawn_scoped(s, move || rank(&w, r, n, body));
+                match started {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        // the ranks that cannot start are gone: the others fail at once, naming them
+                        for q in r..n {
+                            let why = format!("failed: its thread could not start: {e}");
+                            world.leave(q, why.clone(), Some(why));
+                        }
+                        break;
                     }
-                    Ok(Err(e)) => {
-                        world.leave(r, format!("failed: {e}"), Some(e.to_string()));
-                        None
-                    }
-                    Err(p) => {
-                        let msg = p
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "a panic".into());
-                        world.leave(r, format!("panicked: {msg}"), Some(format!("panicked: {msg}")));
-                        None
-                    }
-                }
-            });
-            match started {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    // the ranks that cannot start are gone: the others fail at once, naming them
-                    for q in r..n {
-                        let why = format!("failed: its thread could not start: {e}");
-                        world.leave(q, why.clone(), Some(why));
-                    }
-                    break;
                 }
             }
-        }
-        let mut out: Vec<Option<R>> = handles.into_iter().map(|h| h.join().unwrap_or(None)).collect();
-        out.resize_with(n, || None);
-        out
-    });
+            let mut out: Vec<Option<R>> = handles.into_iter().map(|h| h.join().unwrap_or(None)).collect();
+            out.resize_with(n, || None);
+            out
+        })
+    };
     if let Some((rank, why)) = world.first_failure() {
         return Err(Error::RankFailed { rank, why });
     }
     Ok(results.into_iter().map(|r| r.expect("every rank returned")).collect())
+}
+
+/// Rank `r`'s body (of `n`) over its communicator: its value, or `None` where it failed or panicked (its
+/// leaving recorded in `world` either way).
+fn rank<R, E, F>(world: &Arc<World>, r: usize, n: usize, body: &F) -> Option<R>
+where
+    E: Display,
+    F: Fn(SimComm) -> std::result::Result<R, E>,
+{
+    let comm = SimComm {
+        group: world.group(&[], || (0..n).collect()),
+        world: world.clone(),
+        key: Vec::new(),
+        rank: r,
+        seq: Cell::new(0),
+        axes: Vec::new(),
+        recorder: Recorder::new(),
+    };
+    match std::panic::catch_unwind(AssertUnwindSafe(|| body(comm))) {
+        Ok(Ok(v)) => {
+            world.leave(r, "returned from its body".into(), None);
+            Some(v)
+        }
+        Ok(Err(e)) => {
+            world.leave(r, format!("failed: {e}"), Some(e.to_string()));
+            None
+        }
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            world.leave(r, format!("panicked: {msg}"), Some(format!("panicked: {msg}")));
+            None
+        }
+    }
 }
 
 impl SimComm {
