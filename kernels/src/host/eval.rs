@@ -199,7 +199,9 @@ impl<'p> Bound<'p> {
 
     /// A fresh register per node.
     pub(crate) fn registers(&self, cap: usize) -> Vec<Reg> {
-        self.prog.nodes.iter().map(|(_, t)| Reg::new(*t, cap)).collect()
+        // a dead node or a load read in place never fills its register: none allocated
+        let held = |k: usize| self.live[k] && !self.direct[k];
+        self.prog.nodes.iter().enumerate().map(|(k, (_, t))| Reg::new(*t, if held(k) { cap } else { 0 })).collect()
     }
 
     /// Node `k`'s values at flat indices `start..start + len` after [`Bound::eval`] of that block:

@@ -75,13 +75,14 @@ fn run<T: Float>(bound: &Bound<'_>, fused: Option<&Fused<T>>, outs: &[(Ptr, isiz
     let out_bytes: usize = outs.iter().map(|o| o.2.size() * n).sum();
     let streaming = out_bytes >= STREAM_MIN;
     let lanes_outs: Vec<(Ptr, isize)> = outs.iter().map(|o| (o.0, o.1)).collect();
-    // registers made once per worker, not per task
+    // registers made once per worker, not per task; the register evaluator's only where a run
+    // reaches it (a fused loop's tail, or no fused loop)
     let tasks = n.div_ceil(task);
     super::par::for_each_init(
         tasks <= 1,
         tasks,
         1,
-        || (bound.registers(BLOCK), fused.map(Fused::registers)),
+        || (None, fused.map(Fused::registers)),
         |(regs, lanes), t| {
             let end = ((t + 1) * task).min(n);
             let mut start = t * task;
@@ -94,6 +95,7 @@ fn run<T: Float>(bound: &Bound<'_>, fused: Option<&Fused<T>>, outs: &[(Ptr, isiz
             }
             while start < end {
                 let len = BLOCK.min(end - start);
+                let regs = regs.get_or_insert_with(|| bound.registers(BLOCK));
                 // SAFETY: as above.
                 unsafe {
                     bound.eval(start, len, regs);
