@@ -134,8 +134,8 @@ where
     Ok(results.into_iter().map(|r| r.expect("every rank returned")).collect())
 }
 
-/// Rank `r`'s body (of `n`) over its communicator: its value, or `None` where it failed or panicked (its
-/// leaving recorded in `world` either way).
+/// Rank `r`'s body (of `n`) over its communicator: its value, or `None` where it failed or
+/// panicked (its leaving recorded in `world` either way).
 fn rank<R, E, F>(world: &Arc<World>, r: usize, n: usize, body: &F) -> Option<R>
 where
     E: Display,
