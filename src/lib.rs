@@ -33,6 +33,7 @@ mod linalg;
 pub mod nn;
 mod ops;
 pub mod optim;
+mod place_all;
 mod shape;
 pub mod store;
 mod tensor;

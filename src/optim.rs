@@ -72,8 +72,8 @@ fn closed<'d, T: Reducible>(
     grads: &Grads<'d, T>,
     zero: &Option<Zero>,
 ) -> Result<(Named<'d, T>, f64)> {
-    let mut out = Vec::new();
-    let mut sq = 0.0;
+    let mut names = Vec::new();
+    let (mut gs, mut ats) = (Vec::new(), Vec::new());
     for (name, w) in params.iter() {
         let Some(g) = grads.named(name) else { continue };
         if w.placement().is_partial() {
@@ -82,13 +82,22 @@ fn closed<'d, T: Reducible>(
                 format!("parameter {name} is a sum of terms ({}): keep parameters closed", w.placement()),
             ));
         }
-        let at = target(zero, w)?;
-        let g = if g.placement().equal(&at) { g.clone() } else { g.place(&at)? };
-        let s = g.sum_squares()?.place(&Placement::mesh(at.mesh_of(), &[])?)?;
-        sq += s.full()?.to_vec()?[0].to_value().as_f64_lossy();
-        out.push((name.to_string(), g));
+        names.push(name.to_string());
+        gs.push(g);
+        ats.push(target(zero, w)?);
     }
-    Ok((out, sq.sqrt()))
+    // the gradients closed together (one all-reduce per group of devices, not one per gradient),
+    // then the squares of each rank's windows, closed over the axes that cut them likewise
+    let gs = Tensor::place_all(&gs, &ats.iter().collect::<Vec<_>>())?;
+    let squares = gs.iter().map(Tensor::sum_squares).collect::<Result<Vec<_>>>()?;
+    let whole = ats.iter().map(|a| Placement::mesh(a.mesh_of(), &[])).collect::<Result<Vec<_>, _>>()?;
+    let squares = Tensor::place_all(&squares.iter().collect::<Vec<_>>(), &whole.iter().collect::<Vec<_>>())?;
+    let mut sq = 0.0;
+    for (s, name) in squares.iter().zip(&names) {
+        let s = s.to_local().ok_or_else(|| err("nx::optim", format!("no sum of squares of {name} on this rank")))?;
+        sq += s.to_vec()?[0].to_value().as_f64_lossy();
+    }
+    Ok((names.into_iter().zip(gs).collect(), sq.sqrt()))
 }
 
 trait Lossy {

@@ -422,3 +422,51 @@ fn sums_over_several_axes_squares_and_maps_of_several_outputs() {
         .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
     }
 }
+
+#[test]
+fn place_all_closes_sums_as_place_does_each() {
+    for (dp, tp) in [(1, 1), (2, 2), (3, 2), (2, 3)] {
+        let (m, k, n) = (2 * dp * tp + 1, 3 * tp + 1, 2 * tp + 1);
+        let want = mm(m, k, n, a, b);
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            // sums over tp (rows cut over dp), over dp (whole), over both
+            let y1 = Tensor::<f64>::from_fn(ctx, &[m, k], &p("mesh(0:dp, 1:tp)")?, a)?.matmul(&Tensor::from_fn(
+                ctx,
+                &[k, n],
+                &p("mesh(0:tp)")?,
+                b,
+            )?)?;
+            let y2 = Tensor::<f64>::from_fn(ctx, &[m, k], &p("mesh(1:dp)")?, a)?.matmul(&Tensor::from_fn(
+                ctx,
+                &[k, n],
+                &p("mesh(0:dp)")?,
+                b,
+            )?)?;
+            let y3 = Tensor::<f64>::from_fn(ctx, &[m, k], &p("mesh(1:dp.tp)")?, a)?.matmul(&Tensor::from_fn(
+                ctx,
+                &[k, n],
+                &p("mesh(0:dp.tp)")?,
+                b,
+            )?)?;
+            let on = Placement::on(ctx.devices());
+            let to = [p("mesh(0:dp)")?, p("mesh()")?, p("mesh()")?, on.clone(), p("mesh(1:tp)")?];
+            let values = [&y1, &y2, &y3, &y1, &y2];
+            let all = Tensor::place_all(&values, &to.iter().collect::<Vec<_>>())?;
+            for (i, ((v, at), got)) in values.iter().zip(&to).zip(&all).enumerate() {
+                assert!(got.placement().equal(at), "value {i}: {}", got.placement());
+                let one = v.place(at)?;
+                let bits = |t: &Tensor<'_, f64>| {
+                    t.to_local().map(|l| l.to_vec().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()))
+                };
+                assert_eq!(bits(got).transpose()?, bits(&one).transpose()?, "value {i} on rank {}", ctx.rank());
+                assert!(close(&got.full()?.to_vec()?, &want), "value {i}");
+            }
+            let e = Tensor::place_all(&values, &[&on]).unwrap_err().to_string();
+            assert!(e.contains("place_all") && e.contains("5 values for 1 placements"), "{e}");
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}

@@ -34,6 +34,7 @@ mod mpi_tiers;
 #[cfg(feature = "mpi")]
 mod mpi_watch;
 pub mod place;
+pub mod place_all;
 pub mod random;
 mod reduce;
 mod shm;
@@ -41,6 +42,7 @@ pub mod sim;
 
 pub use groups::Groups;
 pub use place::{place, place_in, Alloc, Heap};
+pub use place_all::place_all_in;
 pub use reduce::{ReduceOp, Reducible};
 
 use nx_kernels::Dtype;

@@ -59,7 +59,7 @@ fn copy_box<T: Copy>(src: &[T], sw: &Window, dst: &mut [T], dw: &Window, b: &Win
 }
 
 /// The group of `groups` that holds device `me`.
-fn color(groups: &[Vec<usize>], me: Option<usize>) -> Option<usize> {
+pub(crate) fn color(groups: &[Vec<usize>], me: Option<usize>) -> Option<usize> {
     let me = me?;
     groups.iter().position(|members| members.contains(&me))
 }
@@ -205,7 +205,7 @@ fn assembled<T, A: Alloc<T>>(alloc: &A, len: usize, covered: usize) -> Result<A:
 }
 
 /// An owned copy of `s` from `alloc`.
-fn owned<T: Copy, A: Alloc<T>>(alloc: &A, s: &[T]) -> Result<A::Buf> {
+pub(crate) fn owned<T: Copy, A: Alloc<T>>(alloc: &A, s: &[T]) -> Result<A::Buf> {
     let mut b = alloc.uninit(s.len())?;
     if !alloc.dry() {
         // SAFETY: `b` is a buffer of `s.len()` elements apart from `s`.
