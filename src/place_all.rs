@@ -37,7 +37,8 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// it, with the values whose move closes a partial sum where it lies (one all-reduce: a
     /// gradient summed over `dp`) closed together, one all-reduce per group of devices instead of
     /// one per value. Each value's bits are those [`Tensor::place`] gives: a sum's association is
-    /// per element (term order), whatever else shares its message. Answers the values in order.
+    /// per element (term order), whatever else shares its message. A value already at a placement
+    /// [`Placement::equal`] to its target keeps its windows (no copy). Answers the values in order.
     ///
     /// ```
     /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
@@ -63,34 +64,39 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         if values.len() != to.len() {
             return Err(err("nx::Tensor::place_all", format!("{} values for {} placements", values.len(), to.len())));
         }
+        // values already at an equal placement are relabelled, not moved (as the optimizers did
+        // before: no copy of a closed gradient); the others planned and placed together
+        let moved: Vec<usize> = (0..values.len()).filter(|&i| !values[i].placement.equal(to[i])).collect();
         let Some(first) = values.first() else { return Ok(Vec::new()) };
-        let plans = values.iter().zip(to).map(|(v, p)| v.plan(p)).collect::<Result<Vec<_>>>()?;
+        let plans = moved.iter().map(|&i| values[i].plan(to[i])).collect::<Result<Vec<_>>>()?;
         let plans: Vec<&_> = plans.iter().collect();
         // strided windows copied dense first, as `place` does
-        let dense: Vec<Option<Array<T>>> = values
+        let dense: Vec<Option<Array<T>>> = moved
             .iter()
-            .map(|v| match &v.local {
+            .map(|&i| match &values[i].local {
                 Some(a) if !a.layout().is_contiguous() => a.copy().map(Some),
                 _ => Ok(None),
             })
             .collect::<std::result::Result<_, _>>()?;
         let arrays: Vec<Option<&Array<T>>> =
-            values.iter().zip(&dense).map(|(v, d)| d.as_ref().or(v.local.as_ref())).collect();
+            moved.iter().zip(&dense).map(|(&i, d)| d.as_ref().or(values[i].local.as_ref())).collect();
         let ctx = &first.ctx;
         let (comm, groups, rig) = (ctx.comm(), ctx.groups(), ctx.rig());
         let outs = with_slices(&arrays, Vec::with_capacity(arrays.len()), &mut |locals| {
             Ok(nx_collectives::place_all_in(comm, groups, &plans, locals, rig)?)
         })?;
-        values
-            .iter()
-            .zip(to)
-            .zip(outs)
-            .map(|((v, p), out)| {
+        let mut outs = moved.iter().copied().zip(outs).peekable();
+        (0..values.len())
+            .map(|i| {
+                let (v, p) = (values[i], to[i]);
+                let Some((_, out)) = outs.next_if(|o| o.0 == i) else {
+                    return Ok((*v).clone().relabel(p.clone()));
+                };
                 let local = match (out, p.window(&v.shape, ctx.index())?) {
                     (Some(d), Some(w)) => Some(d.into_array(&window_shape(&w))?),
                     _ => None,
                 };
-                Ok(v.with_local((*p).clone(), v.shape.clone(), local))
+                Ok(v.with_local(p.clone(), v.shape.clone(), local))
             })
             .collect()
     }

@@ -451,8 +451,17 @@ fn place_all_closes_sums_as_place_does_each() {
                 b,
             )?)?;
             let on = Placement::on(ctx.devices());
-            let to = [p("mesh(0:dp)")?, p("mesh()")?, p("mesh()")?, on.clone(), p("mesh(1:tp)")?];
-            let values = [&y1, &y2, &y3, &y1, &y2];
+            // y2 twice to mesh(): a bucket of two, packed and copied out; y1 to where it lies
+            let to = [
+                p("mesh(0:dp)")?,
+                p("mesh()")?,
+                p("mesh()")?,
+                on.clone(),
+                p("mesh(1:tp)")?,
+                p("mesh()")?,
+                y1.placement().clone(),
+            ];
+            let values = [&y1, &y2, &y3, &y1, &y2, &y2, &y1];
             let all = Tensor::place_all(&values, &to.iter().collect::<Vec<_>>())?;
             for (i, ((v, at), got)) in values.iter().zip(&to).zip(&all).enumerate() {
                 assert!(got.placement().equal(at), "value {i}: {}", got.placement());
@@ -464,7 +473,7 @@ fn place_all_closes_sums_as_place_does_each() {
                 assert!(close(&got.full()?.to_vec()?, &want), "value {i}");
             }
             let e = Tensor::place_all(&values, &[&on]).unwrap_err().to_string();
-            assert!(e.contains("place_all") && e.contains("5 values for 1 placements"), "{e}");
+            assert!(e.contains("place_all") && e.contains("7 values for 1 placements"), "{e}");
             Ok(())
         })
         .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));

@@ -59,7 +59,7 @@ fn copy_box<T: Copy>(src: &[T], sw: &Window, dst: &mut [T], dw: &Window, b: &Win
 }
 
 /// The group of `groups` that holds device `me`.
-pub(crate) fn color(groups: &[Vec<usize>], me: Option<usize>) -> Option<usize> {
+fn color(groups: &[Vec<usize>], me: Option<usize>) -> Option<usize> {
     let me = me?;
     groups.iter().position(|members| members.contains(&me))
 }

@@ -7,17 +7,24 @@
 //! and copies each window's part back out. A sum's association is per element (term order, term
 //! 0 first: see the crate's determinism contract), so each value gets the same bits as its own
 //! all-reduce would give. Every other plan runs on its own, as [`place_in`] runs it, in the order
-//! given; the buckets run after them, in the order of their first plan.
+//! given; the buckets run after them, in the order of their first plan, each of at most
+//! [`BUCKET_BYTES`] of values (a larger value alone).
 
 use nx_placement::region::volume;
 use nx_placement::{Op, Plan};
 
 use crate::log::{traffic, Op as Call};
-use crate::place::{color, owned, place_in, Alloc};
+use crate::place::{owned, place_in, Alloc};
 use crate::{Communicator, Error, Groups, ReduceOp, Reducible, Result};
 
-/// A bucket's key (its all-reduce's groups, as world ranks, and mesh axes) and its values' indices.
-type Bucket<'p> = ((Vec<Vec<usize>>, &'p [String]), Vec<usize>);
+/// A bucket's key (its all-reduce's groups, as world ranks, and mesh axes), its values' indices
+/// and their global bytes.
+type Bucket<'p> = ((Vec<Vec<usize>>, &'p [String]), Vec<usize>, usize);
+
+/// The most global bytes of the values of one bucket (a value larger goes alone): bounds each
+/// message (MPI's counts, and the memory a bucket's message and result take beside the values),
+/// as DDP's 25 MiB buckets do.
+pub const BUCKET_BYTES: usize = 32 << 20;
 
 /// Whether `plan` is one all-reduce whose windows stay as they are.
 fn one_all_reduce(plan: &Plan) -> bool {
@@ -81,12 +88,17 @@ pub fn place_all_in<T: Reducible, C: Communicator, A: Alloc<T>>(
         let world: Vec<Vec<usize>> =
             step.groups.iter().map(|g| g.iter().map(|&u| plan.devices[u].rank).collect()).collect();
         let key = (world, step.mesh_axes.as_slice());
-        match buckets.iter_mut().find(|b| b.0 == key) {
-            Some(b) => b.1.push(i),
-            None => buckets.push((key, vec![i])),
+        // the value's global bytes: the same on every rank, so every rank cuts the same buckets
+        let bytes = plan.shape.iter().fold(plan.elem_bytes, |a, &n| a.saturating_mul(n));
+        match buckets.iter_mut().rev().find(|b| b.0 == key) {
+            Some(b) if b.2.saturating_add(bytes) <= BUCKET_BYTES => {
+                b.1.push(i);
+                b.2 += bytes;
+            }
+            _ => buckets.push((key, vec![i], bytes)),
         }
     }
-    for ((world, axes), members) in &buckets {
+    for ((world, axes), members, _) in &buckets {
         close_bucket(comm, groups, (world, axes), (plans, locals), members, alloc, &mut out)?;
     }
     Ok(out.into_iter().map(|o| o.expect("every plan ran")).collect())
@@ -111,7 +123,7 @@ fn close_bucket<T: Reducible, C: Communicator, A: Alloc<T>>(
     });
     let mut run = || -> Result<()> {
         let sub = groups.get(comm, world, axes)?;
-        // this rank's windows, checked against the plans (a rank outside the groups holds none)
+        // this rank's windows, checked against the plans (the values share their groups)
         let mut mine = Vec::with_capacity(members.len());
         for &i in members {
             let plan = plans[i];
@@ -129,8 +141,7 @@ fn close_bucket<T: Reducible, C: Communicator, A: Alloc<T>>(
                     ),
                 });
             }
-            let member = color(&plan.steps[0].groups, me).is_some();
-            mine.push((i, locals[i].filter(|_| member)));
+            mine.push((i, locals[i]));
         }
         let Some(g) = Option::as_ref(&sub) else {
             // in no group: each window stays as it is

@@ -15,9 +15,10 @@ fn opts() -> SimOptions {
     SimOptions { checked: true, timeout: Duration::from_secs(20), ..Default::default() }
 }
 
-/// A value's term `t` at element `i`: fractions whose sums round, so association shows.
-fn term(i: usize, t: usize) -> f32 {
-    ((i * 7 + t * 13) % 17) as f32 * 0.37 - 1.1 + 1e-3 * t as f32
+/// Value `v`'s term `t` at element `i`: fractions whose sums round, so association shows, and
+/// each value its own (a window copied to another's place shows).
+fn term(v: usize, i: usize, t: usize) -> f32 {
+    ((i * 7 + t * 13 + v * 5) % 17) as f32 * 0.37 - 1.1 + 1e-3 * t as f32 + 0.01 * v as f32
 }
 
 /// One value of the list: its shape, where it lies, where it goes.
@@ -78,9 +79,10 @@ proptest! {
                 let locals: Vec<Option<Vec<f32>>> = cases
                     .iter()
                     .zip(&plans)
-                    .map(|(k, pl)| {
+                    .enumerate()
+                    .map(|(v, (k, pl))| {
                         let t = k.from.over(&m).unwrap().term(r).unwrap().unwrap_or(0);
-                        pl.old[r].as_ref().map(|w| (0..nx_placement::region::volume(w) as usize).map(|i| term(i, t)).collect())
+                        pl.old[r].as_ref().map(|w| (0..nx_placement::region::volume(w) as usize).map(|i| term(v, i, t)).collect())
                     })
                     .collect();
                 let slices: Vec<Option<&[f32]>> = locals.iter().map(|l| l.as_deref()).collect();
