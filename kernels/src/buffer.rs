@@ -149,6 +149,37 @@ pub(crate) fn alloc_raw(bytes: usize, reserve: bool) -> Option<Raw> {
     Some(Raw { ptr, layout, mapped: false, release: None })
 }
 
+/// Scratch `f32`s fresh from the system ([`alloc_raw`]: zeroed, huge pages from [`HUGE_MIN`]
+/// bytes), given back when dropped. A kernel's accumulator that it writes before it reads: its
+/// pages are faulted in by writes (no copy of the zero page, no shootdown of its mapping).
+pub(crate) struct Fresh {
+    raw: Option<Raw>,
+    len: usize,
+}
+
+impl Fresh {
+    /// `len` zeroed f32s; `None` where the size overflows or the system refuses.
+    pub(crate) fn f32s(len: usize) -> Option<Fresh> {
+        let raw = alloc_raw(len.checked_mul(4)?, true)?;
+        Some(Fresh { raw: Some(raw), len })
+    }
+
+    /// Answers the elements.
+    pub(crate) fn slice_mut(&mut self) -> &mut [f32] {
+        let raw = self.raw.as_ref().expect("held until dropped");
+        // SAFETY: the allocation holds `len` zeroed, 64-byte aligned f32s, owned by self.
+        unsafe { std::slice::from_raw_parts_mut(raw.ptr.as_ptr().cast::<f32>(), self.len) }
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        if let Some(raw) = self.raw.take() {
+            free_raw(raw);
+        }
+    }
+}
+
 /// Gives `raw` back to the system (foreign memory: back to its owner, by its release).
 pub(crate) fn free_raw(mut raw: Raw) {
     if let Some(release) = raw.release.take() {

@@ -10,8 +10,9 @@ use std::str::FromStr;
 /// Every kernel nx writes with more than one path picks it from the library's level
 /// ([`crate::Host::simd`]); the operations whose association the docs fix give the same bits at
 /// every level (tested level by level against the baseline), but for the bf16 product at
-/// [`Simd::Avx512Bf16`], whose instruction flushes subnormals. On other architectures only
-/// [`Simd::Baseline`] is available.
+/// [`Simd::Avx512Bf16`], whose instruction flushes subnormals, and for the bf16 product at
+/// [`Simd::Amx`], whose tiles add in an order of their own (the product's docs state both). On
+/// other architectures only [`Simd::Baseline`] is available.
 ///
 /// # Examples
 /// ```
@@ -24,8 +25,10 @@ use std::str::FromStr;
 /// let plain = Host::with_options(HostOptions { simd: Some(Simd::Baseline), ..HostOptions::default() })?;
 /// assert_eq!(plain.simd(), Simd::Baseline);
 /// // a cap above the CPU's level is lowered to it
-/// let all = Host::with_options(HostOptions { simd: Some(Simd::Avx512Bf16), ..HostOptions::default() })?;
+/// let all = Host::with_options(HostOptions { simd: Some(Simd::Amx), ..HostOptions::default() })?;
 /// assert_eq!(all.simd(), top);
+/// let top_but_tiles = Host::with_options(HostOptions { simd: Some(Simd::Avx512Bf16), ..HostOptions::default() })?;
+/// assert!(!top_but_tiles.simd().amx());
 /// assert_eq!("avx2".parse::<Simd>()?, Simd::Avx2);
 /// # Ok::<(), nx_kernels::Error>(())
 /// ```
@@ -40,11 +43,14 @@ pub enum Simd {
     Avx512,
     /// [`Simd::Avx512`] with AVX-512 BF16 (`vdpbf16ps`: Cooper Lake, Sapphire Rapids, Zen 4).
     Avx512Bf16,
+    /// [`Simd::Avx512Bf16`] with AMX tiles and their bf16 products (`tdpbf16ps`: Sapphire Rapids
+    /// and later), where Linux grants the process the tile state.
+    Amx,
 }
 
 impl Simd {
     /// Every level, lowest first.
-    pub const ALL: [Simd; 4] = [Simd::Baseline, Simd::Avx2, Simd::Avx512, Simd::Avx512Bf16];
+    pub const ALL: [Simd; 5] = [Simd::Baseline, Simd::Avx2, Simd::Avx512, Simd::Avx512Bf16, Simd::Amx];
 
     /// Answers the highest level this CPU runs.
     pub fn detected() -> Simd {
@@ -60,7 +66,10 @@ impl Simd {
             if !has!("avx512bf16") {
                 return Simd::Avx512;
             }
-            Simd::Avx512Bf16
+            if !amx::granted() {
+                return Simd::Avx512Bf16;
+            }
+            Simd::Amx
         }
         #[cfg(not(target_arch = "x86_64"))]
         Simd::Baseline
@@ -84,13 +93,14 @@ impl Simd {
     }
 
     /// Answers the level's name, as [`FromStr`] reads it (`baseline`, `avx2`, `avx512`,
-    /// `avx512bf16`).
+    /// `avx512bf16`, `amx`).
     pub fn name(self) -> &'static str {
         match self {
             Simd::Baseline => "baseline",
             Simd::Avx2 => "avx2",
             Simd::Avx512 => "avx512",
             Simd::Avx512Bf16 => "avx512bf16",
+            Simd::Amx => "amx",
         }
     }
 
@@ -108,6 +118,11 @@ impl Simd {
     /// Answers whether AVX-512 BF16 may be used, as [`Simd::avx2`].
     pub fn avx512bf16(self) -> bool {
         self.allows(Simd::Avx512Bf16)
+    }
+
+    /// Answers whether AMX tiles and their bf16 products may be used, as [`Simd::avx2`].
+    pub fn amx(self) -> bool {
+        self.allows(Simd::Amx)
     }
 
     fn allows(self, level: Simd) -> bool {
@@ -239,7 +254,63 @@ impl FromStr for Simd {
     fn from_str(s: &str) -> Result<Simd, crate::Error> {
         Simd::ALL.into_iter().find(|l| l.name().eq_ignore_ascii_case(s)).ok_or_else(|| crate::Error::Invalid {
             func: "nx_kernels::Simd::from_str",
-            why: format!("unknown SIMD level {s:?} (baseline, avx2, avx512, avx512bf16)"),
+            why: format!("unknown SIMD level {s:?} (baseline, avx2, avx512, avx512bf16, amx)"),
+        })
+    }
+}
+
+/// AMX's presence: the CPU's flags, the operating system's support, and Linux's grant of the
+/// tile data to this process.
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use std::sync::OnceLock;
+
+    /// `arch_prctl`'s number and its request for an extended state component.
+    #[cfg(target_os = "linux")]
+    const SYS_ARCH_PRCTL: std::ffi::c_long = 158;
+    #[cfg(target_os = "linux")]
+    const ARCH_REQ_XCOMP_PERM: std::ffi::c_long = 0x1023;
+    /// The tile data's state component (XCR0 bit 18; the configuration is bit 17).
+    #[cfg(target_os = "linux")]
+    const XFEATURE_XTILEDATA: std::ffi::c_long = 18;
+
+    #[cfg(target_os = "linux")]
+    unsafe extern "C" {
+        fn syscall(n: std::ffi::c_long, ...) -> std::ffi::c_long;
+    }
+
+    /// Answers whether this process may run AMX's bf16 tiles: CPUID leaf 7 says AMX-TILE and
+    /// AMX-BF16, XCR0 enables the tile state, and (on Linux) `arch_prctl(ARCH_REQ_XCOMP_PERM)`
+    /// grants it (other systems are not asked: no AMX there). The grant is the process's, for all its threads, once asked; the answer is
+    /// kept, as std keeps its feature flags.
+    pub(super) fn granted() -> bool {
+        static GRANTED: OnceLock<bool> = OnceLock::new();
+        *GRANTED.get_or_init(|| {
+            use std::arch::x86_64::{__cpuid, __cpuid_count};
+            if __cpuid(0).eax < 7 {
+                return false;
+            }
+            let leaf7 = __cpuid_count(7, 0);
+            let (tile, bf16) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 22 & 1 == 1);
+            // OSXSAVE (leaf 1, ECX bit 27) makes XGETBV legal
+            if !(tile && bf16) || __cpuid(1).ecx >> 27 & 1 == 0 {
+                return false;
+            }
+            let xcr0: u64;
+            // SAFETY: XGETBV with ECX = 0 reads XCR0, legal where OSXSAVE is set (checked).
+            unsafe {
+                let (lo, hi): (u32, u32);
+                std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags));
+                xcr0 = u64::from(hi) << 32 | u64::from(lo);
+            }
+            if xcr0 & (3 << 17) != 3 << 17 {
+                return false;
+            }
+            #[cfg(target_os = "linux")]
+            // SAFETY: arch_prctl with this request only changes the process's permitted state.
+            return unsafe { syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 };
+            #[cfg(not(target_os = "linux"))]
+            false
         })
     }
 }
@@ -274,5 +345,11 @@ mod tests {
             assert!(has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl"));
         }
         assert_eq!(d.avx512bf16(), d.avx512() && has!("avx512bf16"));
+        // AMX from the kernel's flags, which Linux shows where it supports the tiles
+        if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+            let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+            let has_flag = |f: &str| flags.split_whitespace().any(|w| w == f);
+            assert_eq!(d.amx(), d.avx512bf16() && has_flag("amx_tile") && has_flag("amx_bf16"));
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! bf16 matrix products with f32 accumulation, in [`super::sgemm`]'s loop nest: `vdpbf16ps` tiles
-//! where the library's level has AVX-512 BF16, else the f32 tiles over operands widened as they are packed.
+//! bf16 matrix products with f32 accumulation, in [`super::sgemm`]'s loop nest: AMX tiles where
+//! the library's level has them ([`Simd::Amx`]), `vdpbf16ps` tiles where it has AVX-512 BF16, else
+//! the f32 tiles over operands widened as they are packed.
 //!
 //! Association: as the f32 product's (blocks of 512 along the contracting axis, each block from +0,
 //! its sum added to the output), with a block's indices taken in pairs `(2q, 2q + 1)`, the odd one
@@ -10,15 +11,21 @@
 //! inputs as zero and flushes subnormal sums to zero, the widened kit keeps them; outputs whose
 //! terms or partial sums come within 2⁻¹²⁶ of zero may differ between CPUs with and without AVX-512
 //! BF16.
+//!
+//! The AMX kit adds in an order of its own, which its instruction fixes (`amx`'s docs state it): a
+//! library at [`Simd::Amx`] gives bits of its own for bf16 products, each within the bound of f32
+//! accumulation; every other level gives the bits above.
 
 use half::bf16;
 
-use super::sgemm::{drive, Isa, Kit, Mat, Out};
+use super::sgemm::{drive, first12, Dst, Isa, Kit, Mat, Out};
 use crate::Simd;
 
 /// The instruction set a bf16 product runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Bf16Isa {
+    /// AMX tiles, 32 × 32 a call (`tdpbf16ps`).
+    Tiles,
     /// `vdpbf16ps` tiles of 12 × 32.
     Dot,
     /// The f32 tiles of this instruction set over widened operands.
@@ -28,7 +35,9 @@ pub(crate) enum Bf16Isa {
 impl Bf16Isa {
     /// The best a library at `simd` runs.
     pub(crate) fn of(simd: Simd) -> Bf16Isa {
-        if simd.avx512bf16() {
+        if simd.amx() {
+            Bf16Isa::Tiles
+        } else if simd.avx512bf16() {
             Bf16Isa::Dot
         } else {
             Bf16Isa::Wide(Isa::of(simd))
@@ -39,6 +48,7 @@ impl Bf16Isa {
     #[cfg(test)]
     pub(crate) fn available(self) -> bool {
         match self {
+            Bf16Isa::Tiles => Simd::Amx.available(),
             Bf16Isa::Dot => Simd::Avx512Bf16.available(),
             Bf16Isa::Wide(isa) => isa.available(),
         }
@@ -65,6 +75,7 @@ pub(crate) unsafe fn bgemm(
     // SAFETY: the caller's contract.
     unsafe {
         match isa {
+            Bf16Isa::Tiles => drive(&amx::Tiles { a, b }, m, n, k, c, add, parallel),
             Bf16Isa::Dot => drive(&Dot { a, b }, m, n, k, c, add, parallel),
             Bf16Isa::Wide(isa) => drive(&Wide { isa, a, b }, m, n, k, c, add, parallel),
         }
@@ -116,9 +127,9 @@ impl Kit for Wide<'_> {
         }
     }
 
-    unsafe fn run(&self, depth: usize, a: &[f32], b: &[f32], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
+    unsafe fn run(&self, depth: usize, a: &[f32], b: &[f32], dst: &Dst, mv: usize, nv: usize, add: bool) {
         // SAFETY: the caller's contract.
-        unsafe { super::sgemm::tile(self.isa, depth, a, b, dst, mv, nv, add) }
+        unsafe { super::sgemm::tile(self.isa, depth, a, b, first12(dst), mv, nv, add) }
     }
 }
 
@@ -221,12 +232,12 @@ impl Kit for Dot<'_> {
         }
     }
 
-    unsafe fn run(&self, depth: usize, a: &[u32], b: &[u32], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
+    unsafe fn run(&self, depth: usize, a: &[u32], b: &[u32], dst: &Dst, mv: usize, nv: usize, add: bool) {
         debug_assert!(a.len() >= depth * 12 && b.len() >= depth * 32);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract: the CPU has AVX-512 BF16.
         unsafe {
-            x86::tile_dot(depth, a.as_ptr(), b.as_ptr(), dst, mv, nv, add)
+            x86::tile_dot(depth, a.as_ptr(), b.as_ptr(), first12(dst), mv, nv, add)
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("Bf16Isa::Dot is x86-64 only ({depth}, {mv}, {nv}, {add}, {})", a.len() + b.len())
@@ -275,6 +286,9 @@ mod x86 {
         }
     }
 }
+
+#[path = "bgemm_amx.rs"]
+mod amx;
 
 #[cfg(test)]
 #[path = "bgemm_tests.rs"]

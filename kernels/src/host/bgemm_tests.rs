@@ -49,9 +49,41 @@ fn documented(m: usize, n: usize, k: usize, a: &[bf16], b: &[bf16], c: &mut [f32
     }
 }
 
+/// The AMX kit's association, written out with plain f32 products (exact here) and sums: one
+/// running sum from the output (adding) or +0, groups of 32 from index 0, a group's even-indexed
+/// and odd-indexed products summed apart (the indices past `k` as +0 products) and their sum added.
+fn documented_amx(m: usize, n: usize, k: usize, a: &[bf16], b: &[bf16], c: &mut [f32], add: bool) {
+    let (a, b): (Vec<f32>, Vec<f32>) = (a.iter().map(|x| x.to_f32()).collect(), b.iter().map(|x| x.to_f32()).collect());
+    for i in 0..m {
+        for j in 0..n {
+            let term = |e: usize| if e < k { a[i * k + e] * b[e * n + j] } else { 0.0 };
+            let mut s = if add { c[i * n + j] } else { 0.0 };
+            for g in (0..k).step_by(32) {
+                let (mut even, mut odd) = (term(g), term(g + 1));
+                for t in 1..16 {
+                    even += term(g + 2 * t);
+                    odd += term(g + 2 * t + 1);
+                }
+                s += even + odd;
+            }
+            c[i * n + j] = s;
+        }
+    }
+}
+
+/// The association `kit` documents.
+#[allow(clippy::too_many_arguments)]
+fn documented_by(kit: Bf16Isa, m: usize, n: usize, k: usize, a: &[bf16], b: &[bf16], c: &mut [f32], add: bool) {
+    if kit == Bf16Isa::Tiles {
+        documented_amx(m, n, k, a, b, c, add)
+    } else {
+        documented(m, n, k, a, b, c, add)
+    }
+}
+
 fn kits() -> Vec<Bf16Isa> {
     let (here, absent): (Vec<Bf16Isa>, Vec<Bf16Isa>) =
-        [Bf16Isa::Dot, Bf16Isa::Wide(Isa::Avx512), Bf16Isa::Wide(Isa::Avx2), Bf16Isa::Wide(Isa::Plain)]
+        [Bf16Isa::Tiles, Bf16Isa::Dot, Bf16Isa::Wide(Isa::Avx512), Bf16Isa::Wide(Isa::Avx2), Bf16Isa::Wide(Isa::Plain)]
             .into_iter()
             .partition(|k| k.available());
     if !absent.is_empty() {
@@ -84,14 +116,22 @@ fn every_kit_gives_the_documented_association_on_edges_of_the_tiles() {
             shapes.push((m, n, EDGES[(m + n) % 6]));
         }
     }
-    shapes.extend([(13, 40, 1025), (4100, 3, 7), (5, 4100, 515), (2, 3, 0)]);
+    shapes.extend([
+        (13, 40, 1025),
+        (4100, 3, 7),
+        (5, 4100, 515),
+        (2, 3, 0),
+        (65, 70, 543),
+        (64, 96, 2100),
+        (40, 64, 1030),
+    ]);
     for (m, n, k) in shapes {
         let (a, b) = (g.fill(m * k), g.fill(k * n));
         let c0: Vec<f32> = g.fill(m * n).iter().map(|x| x.to_f32()).collect();
         for add in [false, true] {
-            let mut want = c0.clone();
-            documented(m, n, k, &a, &b, &mut want, add);
             for kit in kits() {
+                let mut want = c0.clone();
+                documented_by(kit, m, n, k, &a, &b, &mut want, add);
                 let mut c = c0.clone();
                 run(kit, m, n, k, &a, &b, &mut c, add);
                 assert_eq!(bits(&c), bits(&want), "{kit:?} {m}x{n}x{k} add {add}");
@@ -103,7 +143,7 @@ fn every_kit_gives_the_documented_association_on_edges_of_the_tiles() {
 #[test]
 fn products_are_within_f32_accumulations_bound_of_naive_f64_loops() {
     let mut g = Gen(5);
-    for &(m, n, k) in &[(17, 33, 31), (31, 15, 1100), (16, 16, 16)] {
+    for &(m, n, k) in &[(17, 33, 31), (31, 15, 1100), (16, 16, 16), (1, 1, 1), (33, 17, 15), (15, 31, 33)] {
         let (a, b) = (g.fill(m * k), g.fill(k * n));
         for kit in kits() {
             let mut c = vec![f32::NAN; m * n];
@@ -134,10 +174,10 @@ fn transposed_operands_and_listed_rows() {
     let picks: Vec<usize> = (0..m).map(|i| (i * 7 + 2) % tall).collect();
     let a: Vec<bf16> = picks.iter().flat_map(|&r| big[r * k..(r + 1) * k].to_vec()).collect();
     let b: Vec<bf16> = (0..k).flat_map(|p| (0..n).map(move |j| (p, j))).map(|(p, j)| bt[j * k + p]).collect();
-    let mut want = vec![0f32; m * n];
-    documented(m, n, k, &a, &b, &mut want, false);
     let rows: Vec<isize> = picks.iter().map(|&r| (r * k) as isize).collect();
     for kit in kits() {
+        let mut want = vec![0f32; m * n];
+        documented_by(kit, m, n, k, &a, &b, &mut want, false);
         let mut c = vec![f32::NAN; m * n];
         let am = Mat { base: big.as_ptr(), rows: Rows::At(&rows), col: 1 };
         let bm = Mat { base: bt.as_ptr(), rows: Rows::Stride(1), col: k as isize };
@@ -158,9 +198,9 @@ fn strided_operands_through_the_general_packers() {
     let b = g.fill(k * n);
     let a: Vec<bf16> = (0..m).flat_map(|i| (0..k).map(move |p| (i, p))).map(|(i, p)| at[p * m + i]).collect();
     let bf: Vec<bf16> = (0..k).flat_map(|p| (0..n).map(move |j| (p, j))).map(|(p, j)| b[p * n + (n - 1 - j)]).collect();
-    let mut want = vec![0f32; m * n];
-    documented(m, n, k, &a, &bf, &mut want, false);
     for kit in kits() {
+        let mut want = vec![0f32; m * n];
+        documented_by(kit, m, n, k, &a, &bf, &mut want, false);
         let mut c = vec![f32::NAN; m * n];
         // SAFETY: every element addressed lies in its slice.
         unsafe {

@@ -155,17 +155,17 @@ unsafe fn product_f32(d: &Dims, dst: Ptr, lhs: View, rhs: View, add: bool, threa
     });
 }
 
-/// `dst[b] += lhs[b] · rhs[b]` for bf16 views into an f32 `dst`, by the bf16 product
+/// `dst[b] (+)= lhs[b] · rhs[b]` (`add`: onto what `dst` holds) for bf16 views into an f32 `dst`, by the bf16 product
 /// ([`super::bgemm`]), batches spread as [`product`] spreads them.
 ///
 /// # Safety
 /// As [`product`], the views addressing bf16s and `dst` f32s.
-unsafe fn product_bf16(d: &Dims, dst: Ptr, lhs: View, rhs: View, threads: usize) {
+unsafe fn product_bf16(d: &Dims, dst: Ptr, lhs: View, rhs: View, add: bool, threads: usize) {
     let isa = Bf16Isa::of(d.simd);
     spread(d, threads, |bb, parallel| {
         let (dst, lhs, rhs) = (dst, lhs, rhs);
         // SAFETY: the caller's contract; batch bb of dst is written by this call alone.
-        unsafe { bgemm(isa, d.m, d.n, d.k, batch(lhs, bb), batch(rhs, bb), batch_out(d, dst, bb), true, parallel) }
+        unsafe { bgemm(isa, d.m, d.n, d.k, batch(lhs, bb), batch(rhs, bb), batch_out(d, dst, bb), add, parallel) }
     });
 }
 
@@ -340,16 +340,34 @@ unsafe fn widened<H: Element>(
             start::<H>(dst, init);
             return;
         }
-        let mut acc: Vec<f32> = match init {
-            Some(i) => pack::<H, f32>(i, &(0..i.layout().rank()).collect::<Vec<_>>(), up),
-            None => vec![0.0; dims.b * dims.m * dims.n],
+        let n_out = dims.b * dims.m * dims.n;
+        let bf16 = dims.m > 0 && dims.n > 0 && dims.b > 0 && H::DTYPE == Dtype::BF16;
+        // the accumulator: init widened, else zeros; a bf16 product without init overwrites
+        // fresh memory (the same bits as adding onto +0, which no sum of it equals as -0)
+        let mut held: Vec<f32>;
+        let mut fresh = None;
+        let overwrite = init.is_none() && bf16 && n_out * 4 >= crate::buffer::HUGE_MIN;
+        if overwrite {
+            fresh = crate::buffer::Fresh::f32s(n_out);
+        }
+        let add = fresh.is_none();
+        let acc: &mut [f32] = match (&mut fresh, init) {
+            (Some(f), _) => f.slice_mut(),
+            (None, Some(i)) => {
+                held = pack::<H, f32>(i, &(0..i.layout().rank()).collect::<Vec<_>>(), up);
+                &mut held
+            }
+            (None, None) => {
+                held = vec![0.0; n_out];
+                &mut held
+            }
         };
-        if dims.m > 0 && dims.n > 0 && dims.b > 0 && H::DTYPE == Dtype::BF16 {
+        if bf16 {
             // bf16 operands read where they lie (or packed as bf16), by the bf16 product
             let mut keep: Vec<Vec<H>> = Vec::new();
             let lhs = view_or_copy(a, perm_a, [dims.b, dims.m, dims.k], &mut keep);
             let rhs = view_or_copy(b, perm_b, [dims.b, dims.k, dims.n], &mut keep);
-            product_bf16(dims, Ptr(acc.as_mut_ptr().cast()), lhs, rhs, rayon::current_num_threads().max(1));
+            product_bf16(dims, Ptr(acc.as_mut_ptr().cast()), lhs, rhs, add, rayon::current_num_threads().max(1));
             drop(keep);
         } else if dims.m > 0 && dims.n > 0 && dims.b > 0 {
             let la = pack::<H, f32>(a, perm_a, up);

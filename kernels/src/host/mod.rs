@@ -48,7 +48,9 @@
 //! tiles, attention's row maxima and exponentials) have a path per level. Every level computes
 //! the same operations in the same order, so the bits are the same at every level (tested level
 //! by level against the baseline and against f64 loops: `tests/simd_levels.rs`), but for the
-//! bf16 product at `avx512bf16`, whose instruction flushes subnormals (NaN payloads may differ).
+//! bf16 product at `avx512bf16`, whose instruction flushes subnormals (NaN payloads may differ),
+//! and at `amx`, whose tiles add each group of 32 contracting indices in an order of their own
+//! (`bgemm_amx.rs` states it; tested bit for bit against it, and against f64 loops).
 //! What other crates compute (faer's f64 and complex products and factorisations, rustfft,
 //! `half`'s F16C conversions) follows the CPU, not the level. Copies alone
 //! (streaming stores, the 4 KiB-alias copy) pick their load width by the CPU, whatever the

@@ -209,12 +209,27 @@ impl<P: 'static> Drop for Aligned<P> {
     }
 }
 
+/// The most rows a tile has.
+pub(crate) const MR_MAX: usize = 32;
+
+/// A tile's destination rows: the first `mv` point at its rows in `C`.
+pub(crate) type Dst = [*mut f32; MR_MAX];
+
+/// The first 12 of a tile's destination rows, for the 12-row tiles.
+pub(crate) fn first12(dst: &Dst) -> &[*mut f32; 12] {
+    dst[..12].try_into().expect("12 of MR_MAX rows")
+}
+
 /// What the loop nest runs: how operands are packed into panels and the tile kernel over them.
 pub(crate) trait Kit: Sync {
     /// A packed entry.
     type P: Copy + Default + Send + Sync + 'static;
-    /// The tile: (rows, columns), at most 12 rows.
+    /// The tile: (rows, columns), at most [`MR_MAX`] rows.
     fn tile(&self) -> (usize, usize);
+    /// The block of the contracting axis a panel holds.
+    fn kc(&self) -> usize {
+        KC
+    }
     /// Packed entries along the contracting axis for `kc` of its indices.
     fn depth(&self, kc: usize) -> usize {
         kc
@@ -238,16 +253,7 @@ pub(crate) trait Kit: Sync {
     /// The panels hold `depth` groups; `dst[..mv]` point at `nv` writable elements each; the CPU
     /// runs the kit's kernel.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn run(
-        &self,
-        depth: usize,
-        a: &[Self::P],
-        b: &[Self::P],
-        dst: &[*mut f32; 12],
-        mv: usize,
-        nv: usize,
-        add: bool,
-    );
+    unsafe fn run(&self, depth: usize, a: &[Self::P], b: &[Self::P], dst: &Dst, mv: usize, nv: usize, add: bool);
 }
 
 /// The `f32` kit: plain operands, `isa`'s tiles.
@@ -274,9 +280,9 @@ impl Kit for F32<'_> {
         unsafe { pack_b(self.b, p0, kc, j0, nv, self.isa.tile().1, panel) }
     }
 
-    unsafe fn run(&self, depth: usize, a: &[f32], b: &[f32], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
+    unsafe fn run(&self, depth: usize, a: &[f32], b: &[f32], dst: &Dst, mv: usize, nv: usize, add: bool) {
         // SAFETY: the caller's contract.
-        unsafe { tile(self.isa, depth, a, b, dst, mv, nv, add) }
+        unsafe { tile(self.isa, depth, a, b, first12(dst), mv, nv, add) }
     }
 }
 
@@ -313,14 +319,15 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
     }
     let (mr, nr) = kit.tile();
     let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
-    let deep = kit.depth(KC.min(k));
+    let block = kit.kc();
+    let deep = kit.depth(block.min(k));
     let mut packed_b = Aligned::<K::P>::new(deep * NC.min(n.div_ceil(nr) * nr));
     let mut packed_a = Aligned::<K::P>::new(deep * m.min(MCHUNK).div_ceil(mr) * mr);
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         let panels = nc.div_ceil(nr);
-        for pc in (0..k).step_by(KC) {
-            let kc = KC.min(k - pc);
+        for pc in (0..k).step_by(block) {
+            let kc = block.min(k - pc);
             let deep = kit.depth(kc);
             let bp = packed_b.slice(deep * panels * nr);
             let pack = |(q, panel): (usize, &mut [K::P])| {
@@ -366,7 +373,7 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                         for p in p0..p1 {
                             let (j, nv) = (jc + p * nr, nr.min(nc - p * nr));
                             let bpanel = &bp[p * deep * nr..(p + 1) * deep * nr];
-                            let mut dst = [std::ptr::null_mut::<f32>(); 12];
+                            let mut dst: Dst = [std::ptr::null_mut::<f32>(); MR_MAX];
                             for (r, d) in dst.iter_mut().enumerate().take(mv) {
                                 // SAFETY: the caller's contract: row i + r, column j lie in c.
                                 *d = unsafe { c.at(i + r, j) };

@@ -1,0 +1,251 @@
+//! The AMX kit of the bf16 product: `tdpbf16ps` on tiles of 16 rows × 16 pairs, four output
+//! tiles (32 × 32) a call of the loop nest.
+//!
+//! Association (the instruction's order measured bit for bit on an Intel Xeon with AMX-BF16; Intel
+//! does not document it): one running sum `s` an output, from what the output holds (adding) or
+//! from +0, over groups of 32 consecutive contracting indices from index 0 (indices past `k`
+//! count as +0 products), each group adding `s = s + (E + O)`, where `E` sums the group's 16
+//! even-indexed products in order, starting from the first, and `O` its 16 odd-indexed ones
+//! alike. Products are exact in f32, every sum rounds to nearest even, subnormal inputs count as
+//! zero and subnormal sums flush to zero, as `vdpbf16ps`'s do. No blocks of the contracting axis
+//! show in the bits: a block's tiles start from the output the block before left.
+//!
+//! A whole 32 × 32 tile of rows one stride apart is loaded from and stored to the output by the
+//! tile instructions; edge tiles and listed rows pass through a buffer, with the same sums.
+
+use half::bf16;
+
+use super::{Dot, Dst, Kit, Mat};
+
+/// Pairs a group of contracting indices holds (one tile row of 64 bytes).
+const GROUP: usize = 16;
+
+/// The contracting axis's block: the panels of a call, 64 KiB each. Two output tiles' loads and
+/// stores a block, so a deeper block spends less of its time on them.
+const KC_AMX: usize = 1024;
+
+/// The AMX kit: `A` panels of groups of 32 rows × 16 pairs (row-major, a tile row a row), `B`
+/// panels of pairs × 32 columns (the `vdpbf16ps` kit's layout), depth padded to whole groups.
+pub(super) struct Tiles<'a> {
+    pub(super) a: Mat<'a, bf16>,
+    pub(super) b: Mat<'a, bf16>,
+}
+
+impl Kit for Tiles<'_> {
+    type P = u32;
+
+    fn tile(&self) -> (usize, usize) {
+        (32, 32)
+    }
+
+    fn kc(&self) -> usize {
+        KC_AMX
+    }
+
+    fn depth(&self, kc: usize) -> usize {
+        kc.div_ceil(2 * GROUP) * GROUP
+    }
+
+    unsafe fn pack_a(&self, i0: usize, mv: usize, p0: usize, kc: usize, panel: &mut [u32]) {
+        let depth = self.depth(kc);
+        let pairs = kc.div_ceil(2);
+        let zero = bf16::from_bits(0);
+        for r in 0..32 {
+            // the entry of row r, pair q
+            let at = |q: usize| (q / GROUP * 32 + r) * GROUP + q % GROUP;
+            if r >= mv {
+                (0..depth).for_each(|q| panel[at(q)] = 0);
+                continue;
+            }
+            if self.a.col == 1 {
+                // SAFETY: the caller's contract: kc contiguous elements from (i0 + r, p0).
+                let row = unsafe { self.a.base.offset(self.a.rows.at(i0 + r) + p0 as isize) };
+                for g in 0..depth / GROUP {
+                    let (q0, whole) = (g * GROUP, (kc / 2).saturating_sub(g * GROUP).min(GROUP));
+                    let dst = &mut panel[at(q0)..at(q0) + GROUP];
+                    for (t, d) in dst[..whole].iter_mut().enumerate() {
+                        // SAFETY: pair q0 + t lies among the row's kc / 2 whole pairs; the even
+                        // index is the low half of a little-endian word.
+                        *d = unsafe { row.add(2 * (q0 + t)).cast::<u32>().read_unaligned() };
+                    }
+                    dst[whole..].fill(0);
+                }
+                if kc % 2 == 1 {
+                    // SAFETY: index kc - 1 lies in the row.
+                    panel[at(kc / 2)] = super::pair(unsafe { *row.add(kc - 1) }, zero);
+                }
+                continue;
+            }
+            for q in 0..depth {
+                let get = |p: usize| {
+                    if p < kc {
+                        // SAFETY: the caller's contract.
+                        unsafe { self.a.get(i0 + r, p0 + p) }
+                    } else {
+                        zero
+                    }
+                };
+                panel[at(q)] = if q < pairs { super::pair(get(2 * q), get(2 * q + 1)) } else { 0 };
+            }
+        }
+    }
+
+    unsafe fn pack_b(&self, p0: usize, kc: usize, j0: usize, nv: usize, panel: &mut [u32]) {
+        let pairs = kc.div_ceil(2);
+        let (head, rest) = panel[..self.depth(kc) * 32].split_at_mut(pairs * 32);
+        // SAFETY: the caller's contract.
+        unsafe { Dot { a: self.a, b: self.b }.pack_b(p0, kc, j0, nv, head) };
+        rest.fill(0);
+    }
+
+    unsafe fn run(&self, depth: usize, a: &[u32], b: &[u32], dst: &Dst, mv: usize, nv: usize, add: bool) {
+        debug_assert!(depth.is_multiple_of(GROUP) && a.len() >= depth * 32 && b.len() >= depth * 32);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller's contract: the CPU runs AMX-BF16 and the process holds the tile
+        // state (`Simd::Amx`).
+        unsafe {
+            x86::tile_amx(depth / GROUP, a.as_ptr(), b.as_ptr(), dst, mv, nv, add)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("Bf16Isa::Tiles is x86-64 only ({depth}, {mv}, {nv}, {add}, {})", a.len() + b.len())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// The tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
+    #[repr(C, align(64))]
+    struct Config([u8; 64]);
+
+    impl Config {
+        fn new() -> Config {
+            let mut c = [0u8; 64];
+            c[0] = 1;
+            for t in 0..8 {
+                c[16 + 2 * t] = 64; // bytes a row (little-endian u16)
+                c[48 + t] = 16; // rows
+            }
+            Config(c)
+        }
+    }
+
+    /// An edge tile's outputs in f32, 32 rows of 32.
+    #[repr(C, align(64))]
+    struct Acc([f32; 32 * 32]);
+
+    /// The stride between `dst`'s 32 rows where they are one stride apart.
+    fn stride(dst: &super::Dst) -> Option<isize> {
+        let step = (dst[1] as isize).wrapping_sub(dst[0] as isize);
+        (1..32)
+            .all(|r| (dst[r] as isize).wrapping_sub(dst[0] as isize) == step.wrapping_mul(r as isize))
+            .then_some(step)
+    }
+
+    /// Four output tiles (tmm0..3: rows 0–15 and 16–31 × columns 0–15 and 16–31) over `groups`
+    /// groups, `A` in tmm4–5, `B` in tmm6–7, from (`add`) and into `dst`.
+    ///
+    /// # Safety
+    /// `a` and `b` hold `groups · 512` entries in the kit's layouts; `dst[..mv]` point at `nv`
+    /// writable elements each; the CPU has AVX-512F and AMX-BF16 and the process holds the tile
+    /// state.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile_amx(
+        groups: usize,
+        a: *const u32,
+        b: *const u32,
+        dst: &super::Dst,
+        mv: usize,
+        nv: usize,
+        add: bool,
+    ) {
+        let config = Config::new();
+        let mut acc = Acc([0.0; 32 * 32]);
+        let lanes = if nv >= 32 { u32::MAX } else { (1u32 << nv) - 1 };
+        let (m0, m1) = ((lanes & 0xffff) as __mmask16, (lanes >> 16) as __mmask16);
+        // the output's tiles in place (rows of 32 one stride apart), else the buffer
+        let (c, s, buffered) = match stride(dst) {
+            Some(s) if mv == 32 && nv == 32 => (dst[0], s, false),
+            _ => {
+                let c = acc.0.as_mut_ptr();
+                if add {
+                    for (r, &d) in dst.iter().enumerate().take(mv) {
+                        // SAFETY: the caller's contract: masked lanes lie in the row (the second
+                        // half's address may lie past its end, where its mask is empty).
+                        unsafe {
+                            _mm512_store_ps(c.add(r * 32), _mm512_maskz_loadu_ps(m0, d));
+                            _mm512_store_ps(c.add(r * 32 + 16), _mm512_maskz_loadu_ps(m1, d.wrapping_add(16)));
+                        }
+                    }
+                }
+                (c, 128, true)
+            }
+        };
+        // the four output tiles' first elements
+        let corner =
+            [c, c.wrapping_add(16), c.wrapping_byte_offset(16 * s), c.wrapping_byte_offset(16 * s).wrapping_add(16)];
+        // SAFETY: the caller's contract; the tile loads read 16 rows of 64 bytes at the strides
+        // given, within the panels and the output tile (or the buffer); the stores write the
+        // output tile (or the buffer).
+        unsafe {
+            asm!("ldtilecfg [{cfg}]", cfg = in(reg) config.0.as_ptr(), options(nostack, readonly));
+            if add || buffered {
+                asm!(
+                    "tileloadd tmm0, [{c0} + {s}*1]",
+                    "tileloadd tmm1, [{c1} + {s}*1]",
+                    "tileloadd tmm2, [{c2} + {s}*1]",
+                    "tileloadd tmm3, [{c3} + {s}*1]",
+                    c0 = in(reg) corner[0],
+                    c1 = in(reg) corner[1],
+                    c2 = in(reg) corner[2],
+                    c3 = in(reg) corner[3],
+                    s = in(reg) s,
+                    options(nostack, readonly),
+                );
+            } else {
+                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nomem, nostack));
+            }
+            for g in 0..groups {
+                let (ag, bg) = (a.add(g * 512), b.add(g * 512));
+                asm!(
+                    "tileloadd tmm4, [{a0} + {sa}*1]",
+                    "tileloadd tmm6, [{b0} + {sb}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b1} + {sb}*1]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {sa}*1]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a0 = in(reg) ag,
+                    a1 = in(reg) ag.add(256),
+                    b0 = in(reg) bg,
+                    b1 = in(reg) bg.add(16),
+                    sa = in(reg) 64usize,
+                    sb = in(reg) 128usize,
+                    options(nostack, readonly),
+                );
+            }
+            asm!(
+                "tilestored [{c0} + {s}*1], tmm0",
+                "tilestored [{c1} + {s}*1], tmm1",
+                "tilestored [{c2} + {s}*1], tmm2",
+                "tilestored [{c3} + {s}*1], tmm3",
+                "tilerelease",
+                c0 = in(reg) corner[0],
+                c1 = in(reg) corner[1],
+                c2 = in(reg) corner[2],
+                c3 = in(reg) corner[3],
+                s = in(reg) s,
+                options(nostack),
+            );
+            if buffered {
+                for (r, &d) in dst.iter().enumerate().take(mv) {
+                    _mm512_mask_storeu_ps(d, m0, _mm512_load_ps(c.add(r * 32)));
+                    _mm512_mask_storeu_ps(d.wrapping_add(16), m1, _mm512_load_ps(c.add(r * 32 + 16)));
+                }
+            }
+        }
+    }
+}
