@@ -349,7 +349,13 @@ mod tests {
         if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
             let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
             let has_flag = |f: &str| flags.split_whitespace().any(|w| w == f);
-            assert_eq!(d.amx(), d.avx512bf16() && has_flag("amx_tile") && has_flag("amx_bf16"));
+            let flagged = d.avx512bf16() && has_flag("amx_tile") && has_flag("amx_bf16");
+            // the flags without the level: Linux refused the grant (a small signal stack, a
+            // seccomp filter); the level without the flags is wrong
+            assert!(!d.amx() || flagged, "amx detected without the CPU's flags");
+            if flagged && !d.amx() {
+                eprintln!("the CPU has AMX but this process was not granted the tile state");
+            }
         }
     }
 }

@@ -296,12 +296,14 @@ fn products_at_every_level() {
 }
 
 /// A bf16 product whose f32 accumulator passes 4 MiB (written over fresh memory, not added onto
-/// zeros) against the same product onto an `init` of zeros and against f64 loops, at every level.
+/// zeros) against the same product onto an `init` of zeros and against f64 loops, at every level;
+/// output (0, 0)'s products underflow to −0, and adding onto zeros made it +0.
 #[test]
 fn large_bf16_products_overwrite_a_fresh_accumulator_with_the_bits_of_adding_onto_zeros() {
     let (m, n, k) = (1025usize, 1031usize, 37usize);
-    let ab: Vec<bf16> = (0..m * k).map(|i| bf16::from_f64(val(i, 21))).collect();
-    let bb: Vec<bf16> = (0..k * n).map(|i| bf16::from_f64(val(i, 22))).collect();
+    let tiny = 2f64.powi(-100);
+    let ab: Vec<bf16> = (0..m * k).map(|i| bf16::from_f64(if i < k { -tiny } else { val(i, 21) })).collect();
+    let bb: Vec<bf16> = (0..k * n).map(|i| bf16::from_f64(if i % n == 0 { tiny } else { val(i, 22) })).collect();
     let spec = Contraction::matmul(0);
     for simd in Simd::available_levels() {
         let h = host(simd);
@@ -317,6 +319,7 @@ fn large_bf16_products_overwrite_a_fresh_accumulator_with_the_bits_of_adding_ont
             want_bits.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             "at {simd}"
         );
+        assert_eq!(got[0].to_bits(), 0, "underflowed sum at {simd}");
         for i in (0..m).step_by(41) {
             for j in 0..n {
                 let (mut exact, mut mag) = (0f64, 0f64);

@@ -162,14 +162,15 @@ mod x86 {
         add: bool,
     ) {
         let config = Config::new();
-        let mut acc = Acc([0.0; 32 * 32]);
+        let mut acc = std::mem::MaybeUninit::<Acc>::uninit();
         let lanes = if nv >= 32 { u32::MAX } else { (1u32 << nv) - 1 };
         let (m0, m1) = ((lanes & 0xffff) as __mmask16, (lanes >> 16) as __mmask16);
         // the output's tiles in place (rows of 32 one stride apart), else the buffer
         let (c, s, buffered) = match stride(dst) {
-            Some(s) if mv == 32 && nv == 32 => (dst[0], s, false),
+            // rows at least a tile row apart (the contract keeps rows disjoint)
+            Some(s) if mv == 32 && nv == 32 && s.unsigned_abs() >= 128 => (dst[0], s, false),
             _ => {
-                let c = acc.0.as_mut_ptr();
+                let c = acc.write(Acc([0.0; 32 * 32])).0.as_mut_ptr();
                 if add {
                     for (r, &d) in dst.iter().enumerate().take(mv) {
                         // SAFETY: the caller's contract: masked lanes lie in the row (the second
@@ -191,7 +192,7 @@ mod x86 {
         // output tile (or the buffer).
         unsafe {
             asm!("ldtilecfg [{cfg}]", cfg = in(reg) config.0.as_ptr(), options(nostack, readonly));
-            if add || buffered {
+            if add {
                 asm!(
                     "tileloadd tmm0, [{c0} + {s}*1]",
                     "tileloadd tmm1, [{c1} + {s}*1]",

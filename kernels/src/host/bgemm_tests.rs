@@ -212,3 +212,41 @@ fn strided_operands_through_the_general_packers() {
         assert_eq!(bits(&c), bits(&want), "{kit:?}");
     }
 }
+
+#[test]
+fn listed_and_reversed_output_rows_on_whole_tiles() {
+    // whole 32 x 32 tiles whose output rows are not one positive stride apart: listed in a
+    // scattered order and by a negative stride, added onto and not, over blocks past the AMX kit's
+    let (m, n, k) = (64, 64, 1100);
+    let mut g = Gen(44);
+    let (a, b) = (g.fill(m * k), g.fill(k * n));
+    let c0: Vec<f32> = g.fill(m * n).iter().map(|x| x.to_f32()).collect();
+    let am = Mat { base: a.as_ptr(), rows: Rows::Stride(k as isize), col: 1 };
+    let bm = Mat { base: b.as_ptr(), rows: Rows::Stride(n as isize), col: 1 };
+    // row i of the product lands in row to(i) of c
+    let to = |i: usize| (i * 37 + 5) % m;
+    let listed: Vec<isize> = (0..m).map(|i| (to(i) * n) as isize).collect();
+    let place = |v: &[f32]| -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        (0..m).for_each(|i| out[to(i) * n..(to(i) + 1) * n].copy_from_slice(&v[i * n..(i + 1) * n]));
+        out
+    };
+    let flip = |v: &[f32]| -> Vec<f32> { (0..m).rev().flat_map(|i| v[i * n..(i + 1) * n].to_vec()).collect() };
+    for kit in kits() {
+        for add in [false, true] {
+            let mut want = c0.clone();
+            documented_by(kit, m, n, k, &a, &b, &mut want, add);
+            let mut c = place(&c0);
+            let out = Out { base: c.as_mut_ptr(), rows: Rows::At(&listed) };
+            // SAFETY: every listed row lies in c.
+            unsafe { bgemm(kit, m, n, k, am, bm, out, add, true) };
+            assert_eq!(bits(&c), bits(&place(&want)), "{kit:?} listed, add {add}");
+            let mut c = flip(&c0);
+            // SAFETY: row i at (m - 1 - i)·n, every row in c.
+            let out = Out { base: unsafe { c.as_mut_ptr().add((m - 1) * n) }, rows: Rows::Stride(-(n as isize)) };
+            // SAFETY: every row lies in c.
+            unsafe { bgemm(kit, m, n, k, am, bm, out, add, true) };
+            assert_eq!(bits(&c), bits(&flip(&want)), "{kit:?} negative stride, add {add}");
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The contraction kernel: operands permuted to (batch, free, contracting) views, a matrix
 //! product per batch: nx's own for `f32` (and f16 and fp8, widened to it), its bf16 one for bf16
-//! (`vdpbf16ps` where the library's level has AVX-512 BF16), `faer`'s for the rest.
+//! (AMX tiles where the library's level is `amx`, `vdpbf16ps` where it has AVX-512 BF16), `faer`'s
+//! for the rest.
 
 use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
@@ -343,7 +344,8 @@ unsafe fn widened<H: Element>(
         let n_out = dims.b * dims.m * dims.n;
         let bf16 = dims.m > 0 && dims.n > 0 && dims.b > 0 && H::DTYPE == Dtype::BF16;
         // the accumulator: init widened, else zeros; a bf16 product without init overwrites
-        // fresh memory (the same bits as adding onto +0, which no sum of it equals as -0)
+        // fresh memory, its sums read back plus +0 below: the bits of adding them onto zeros
+        // (a sum that underflowed to -0 reads +0; every other value is itself)
         let mut held: Vec<f32>;
         let mut fresh = None;
         let overwrite = init.is_none() && bf16 && n_out * 4 >= crate::buffer::HUGE_MIN;
@@ -390,6 +392,7 @@ unsafe fn widened<H: Element>(
             // An output with no product is init as the accumulator holds it: -0 and NaN bits of a
             // half survive the exact round trip through f32. Each element of the contiguous
             // destination is written once.
+            let x = if add { x } else { x + 0.0 };
             H::store(out.at(H::DTYPE, off + k as isize), down(x))
         });
     }

@@ -154,7 +154,9 @@
 //!   destination run the bf16 kit (`bgemm`): the same blocks, each pair of contracting indices
 //!   added odd index first (`vdpbf16ps`'s order, which it runs where the library's level has AVX-512 BF16;
 //!   elsewhere the f32 tiles over operands widened as packed, in that order: the same bits, but
-//!   for subnormals, which the instruction flushes to zero, and NaN payloads). Other bf16
+//!   for subnormals, which the instruction flushes to zero, and NaN payloads); where the level is
+//!   `amx`, AMX tiles, which add each group of 32 contracting indices as (even-indexed products in
+//!   order) + (odd-indexed ones) onto one running sum (`bgemm_amx.rs`): bits of their own. Other bf16
 //!   contractions (scaled, segmented, or into another dtype) widen into `f32` and run `sgemm` in
 //!   index order: their bits differ from the plain bf16 product's within the same bound. `f64` and complex run `faer`'s product, which blocks the
 //!   contracting axis by cache sizes alone, so its bits are independent of the thread count
