@@ -727,6 +727,33 @@ fn general_contractions_halves_and_complex() {
             assert!((got - s).abs() <= bound, "{got} vs {s}");
         }
     }
+    // onto an init, batched (two matrices of the 17 x 9 product's shape): each output init's
+    // element plus its sum, rounded once
+    let a3 = Array::<bf16>::from_fn(DEV, &[2, 17, 300], |i| bf16::from_f32(val(i[0] * 5100 + i[1] * 300 + i[2] + 5)))
+        .unwrap();
+    let b3 =
+        Array::<bf16>::from_fn(DEV, &[2, 300, 9], |i| bf16::from_f32(val(i[0] * 2700 + i[1] * 9 + i[2] + 11))).unwrap();
+    let init =
+        Array::<bf16>::from_fn(DEV, &[2, 17, 9], |i| bf16::from_f32(val(i[0] * 153 + i[1] * 9 + i[2] + 3) * 8.0))
+            .unwrap();
+    let o3 = Array::<bf16>::zeros(DEV, &[2, 17, 9]).unwrap();
+    assert_eq!(host.contract(&Contraction::matmul(1), &o3, &a3, &b3, Some(&init)), Answer::Done);
+    for z in 0..2 {
+        for i in 0..17 {
+            for j in 0..9 {
+                let c = init.get(&[z, i, j]).unwrap().to_f64();
+                let (mut s, mut g) = (c, c.abs());
+                for p in 0..300 {
+                    let x = a3.get(&[z, i, p]).unwrap().to_f64() * b3.get(&[z, p, j]).unwrap().to_f64();
+                    s += x;
+                    g += x.abs();
+                }
+                let got = o3.get(&[z, i, j]).unwrap().to_f64();
+                let bound = gamma(302.0, 2f64.powi(-24)) * g + s.abs() * 2f64.powi(-8);
+                assert!((got - s).abs() <= bound, "init, batch {z} ({i}, {j}): {got} vs {s}");
+            }
+        }
+    }
     // bf16 batched, its right operand without a (batch, contracting, free) view: packed first
     let a4 =
         Array::<bf16>::from_fn(DEV, &[2, 3, 4, 5], |i| bf16::from_f32(val(i[0] * 60 + i[1] * 20 + i[2] * 5 + i[3])))

@@ -14,7 +14,11 @@
 //!
 //! The AMX kit adds in an order of its own, which its instruction fixes (`amx`'s docs state it): a
 //! library at [`Simd::Amx`] gives bits of its own for bf16 products, each within the bound of f32
-//! accumulation; every other level gives the bits above.
+//! accumulation; every other level gives the bits above. Its tiles hold each output's sum over a
+//! whole block of up to 4096 contracting indices, so it also writes a bf16 destination itself
+//! ([`bgemm_into_bf16`]), each sum rounded once, where the other kits accumulate in f32 first.
+
+use std::marker::PhantomData;
 
 use half::bf16;
 
@@ -75,11 +79,41 @@ pub(crate) unsafe fn bgemm(
     // SAFETY: the caller's contract.
     unsafe {
         match isa {
-            Bf16Isa::Tiles => drive(&amx::Tiles { a, b }, m, n, k, c, add, parallel),
+            Bf16Isa::Tiles => drive(&amx::Tiles { a, b, out: PhantomData }, m, n, k, c, add, parallel),
             Bf16Isa::Dot => drive(&Dot { a, b }, m, n, k, c, add, parallel),
             Bf16Isa::Wide(isa) => drive(&Wide { isa, a, b }, m, n, k, c, add, parallel),
         }
     }
+}
+
+/// Whether a product of `k` contracting indices by `isa` writes a bf16 output itself
+/// ([`bgemm_into_bf16`]): the AMX tiles hold each output's sum over the whole axis up to a block's
+/// depth.
+pub(crate) fn writes_bf16(isa: Bf16Isa, k: usize) -> bool {
+    isa == Bf16Isa::Tiles && k <= amx::KC_AMX
+}
+
+/// `C (+)= A · B` for bf16 `A`, `B` and `C`: each output's f32 sum (from `C`'s element widened,
+/// adding, else +0) as [`bgemm`] by the AMX kit adds it, rounded once to bf16 (nearest, ties to
+/// even, every NaN the quiet one), over the current rayon pool where `parallel`.
+///
+/// # Safety
+/// As [`super::sgemm::sgemm`], for bf16 operands and destination; [`writes_bf16`] holds for
+/// (`Bf16Isa::Tiles`, `k`) and the CPU runs AMX-BF16 with the tile state granted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn bgemm_into_bf16(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<bf16>,
+    b: Mat<bf16>,
+    c: Out<bf16>,
+    add: bool,
+    parallel: bool,
+) {
+    debug_assert!(writes_bf16(Bf16Isa::Tiles, k));
+    // SAFETY: the caller's contract.
+    unsafe { drive(&amx::Tiles { a, b, out: PhantomData }, m, n, k, c, add, parallel) }
 }
 
 /// Where contracting index `p` of a block of `kc` goes in the widened kit's packing: each pair
@@ -101,6 +135,7 @@ struct Wide<'a> {
 
 impl Kit for Wide<'_> {
     type P = f32;
+    type O = f32;
 
     fn tile(&self) -> (usize, usize) {
         self.isa.tile()
@@ -146,6 +181,7 @@ fn pair(lo: bf16, hi: bf16) -> u32 {
 
 impl Kit for Dot<'_> {
     type P = u32;
+    type O = f32;
 
     fn tile(&self) -> (usize, usize) {
         (12, 32)

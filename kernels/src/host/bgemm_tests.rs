@@ -49,22 +49,32 @@ fn documented(m: usize, n: usize, k: usize, a: &[bf16], b: &[bf16], c: &mut [f32
     }
 }
 
+/// `x`, or a zero of its sign where it is subnormal.
+fn flush(x: f32) -> f32 {
+    if x != 0.0 && x.abs() < f32::MIN_POSITIVE {
+        0f32.copysign(x)
+    } else {
+        x
+    }
+}
+
 /// The AMX kit's association, written out with plain f32 products (exact here) and sums: one
 /// running sum from the output (adding) or +0, groups of 32 from index 0, a group's even-indexed
-/// and odd-indexed products summed apart (the indices past `k` as +0 products) and their sum added.
+/// and odd-indexed products summed apart (the indices past `k` as +0 products) and their sum added,
+/// a subnormal output added onto and subnormal sums taken as zeros of their signs.
 fn documented_amx(m: usize, n: usize, k: usize, a: &[bf16], b: &[bf16], c: &mut [f32], add: bool) {
     let (a, b): (Vec<f32>, Vec<f32>) = (a.iter().map(|x| x.to_f32()).collect(), b.iter().map(|x| x.to_f32()).collect());
     for i in 0..m {
         for j in 0..n {
             let term = |e: usize| if e < k { a[i * k + e] * b[e * n + j] } else { 0.0 };
-            let mut s = if add { c[i * n + j] } else { 0.0 };
+            let mut s = if add { flush(c[i * n + j]) } else { 0.0 };
             for g in (0..k).step_by(32) {
                 let (mut even, mut odd) = (term(g), term(g + 1));
                 for t in 1..16 {
-                    even += term(g + 2 * t);
-                    odd += term(g + 2 * t + 1);
+                    even = flush(even + term(g + 2 * t));
+                    odd = flush(odd + term(g + 2 * t + 1));
                 }
-                s += even + odd;
+                s = flush(s + flush(even + odd));
             }
             c[i * n + j] = s;
         }
@@ -124,6 +134,9 @@ fn every_kit_gives_the_documented_association_on_edges_of_the_tiles() {
         (65, 70, 543),
         (64, 96, 2100),
         (40, 64, 1030),
+        (33, 34, 4096),
+        (3, 35, 4097),
+        (35, 2, 8230),
     ]);
     for (m, n, k) in shapes {
         let (a, b) = (g.fill(m * k), g.fill(k * n));
@@ -216,7 +229,8 @@ fn strided_operands_through_the_general_packers() {
 #[test]
 fn listed_and_reversed_output_rows_on_whole_tiles() {
     // whole 32 x 32 tiles whose output rows are not one positive stride apart: listed in a
-    // scattered order and by a negative stride, added onto and not, over blocks past the AMX kit's
+    // scattered order and by a negative stride, added onto and not, over blocks past the f32 kits'
+    // (the AMX kit's is tested past by the edges above)
     let (m, n, k) = (64, 64, 1100);
     let mut g = Gen(44);
     let (a, b) = (g.fill(m * k), g.fill(k * n));
@@ -247,6 +261,92 @@ fn listed_and_reversed_output_rows_on_whole_tiles() {
             // SAFETY: every row lies in c.
             unsafe { bgemm(kit, m, n, k, am, bm, out, add, true) };
             assert_eq!(bits(&c), bits(&flip(&want)), "{kit:?} negative stride, add {add}");
+        }
+    }
+}
+
+/// The bf16 bits of `x` rounded to nearest, ties to even, every NaN `0x7FC0`, by its halves'
+/// integer parts (written apart from the library's conversions).
+fn rounded(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0x7FC0;
+    }
+    let b = x.to_bits();
+    let (hi, lo) = (b >> 16, b & 0xFFFF);
+    (if lo > 0x8000 || (lo == 0x8000 && hi & 1 == 1) { hi + 1 } else { hi }) as u16
+}
+
+/// Operands whose products are exact ties of bf16 (the product of two 8-bit significands has 16
+/// bits) or are NaN, among the random ones.
+fn awkward(g: &mut Gen, n: usize) -> Vec<bf16> {
+    g.fill(n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| match i % 29 {
+            3 => bf16::from_f32(1.0625), // (1 + 2⁻⁴)² = 1 + 2⁻³ + 2⁻⁸: a tie, kept even
+            4 => bf16::from_f32(-1.1875),
+            7 if i % 3 == 0 => bf16::from_bits(0x7FC1),
+            _ => x,
+        })
+        .collect()
+}
+
+#[test]
+fn amx_bf16_outputs_round_the_documented_sums_once() {
+    if !Bf16Isa::Tiles.available() {
+        eprintln!("this CPU has no AMX-BF16: the bf16-output tiles are not tested here");
+        return;
+    }
+    let mut g = Gen(77);
+    let mut shapes: Vec<(usize, usize, usize)> = Vec::new();
+    for &m in &EDGES {
+        for &n in &EDGES {
+            shapes.push((m, n, EDGES[(m * 5 + n) % 6]));
+        }
+    }
+    shapes.extend([(64, 64, 1), (64, 96, 2), (65, 70, 543), (96, 64, 2100), (33, 31, 4096), (4100, 3, 7)]);
+    assert!(writes_bf16(Bf16Isa::Tiles, 4096) && !writes_bf16(Bf16Isa::Tiles, 4097) && !writes_bf16(Bf16Isa::Dot, 1));
+    for (m, n, k) in shapes {
+        let (a, b) = (awkward(&mut g, m * k), awkward(&mut g, k * n));
+        // an init with NaNs, infinities, both zeros and subnormals among random values
+        let c0: Vec<bf16> = awkward(&mut g, m * n)
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| match i % 31 {
+                1 => bf16::from_bits(0x7F80),
+                2 => bf16::from_bits(0x8000),
+                3 => bf16::from_bits(if i % 2 == 0 { 0x0001 } else { 0x8001 }),
+                4 => bf16::from_bits(0xFF81),
+                _ => x,
+            })
+            .collect();
+        for add in [false, true] {
+            let mut want: Vec<f32> = c0.iter().map(|x| x.to_f32()).collect();
+            documented_amx(m, n, k, &a, &b, &mut want, add);
+            let want: Vec<u16> = want.iter().map(|&x| rounded(x)).collect();
+            for rows in ["stride", "listed"] {
+                // listed rows in reverse order
+                let listed: Vec<isize> = (0..m).map(|i| ((m - 1 - i) * n) as isize).collect();
+                let mut c = c0.clone();
+                if rows == "listed" {
+                    c.reverse();
+                    c.chunks_mut(n).for_each(|r| r.reverse());
+                }
+                let am = Mat { base: a.as_ptr(), rows: Rows::Stride(k as isize), col: 1 };
+                let bm = Mat { base: b.as_ptr(), rows: Rows::Stride(n as isize), col: 1 };
+                let r = if rows == "listed" { Rows::At(&listed) } else { Rows::Stride(n as isize) };
+                let out = Out { base: c.as_mut_ptr(), rows: r };
+                // SAFETY: the slices hold the extents; every listed row lies in c.
+                unsafe { bgemm_into_bf16(m, n, k, am, bm, out, add, true) };
+                if rows == "listed" {
+                    c.reverse();
+                    c.chunks_mut(n).for_each(|r| r.reverse());
+                }
+                let got: Vec<u16> = c.iter().map(|x| x.to_bits()).collect();
+                if let Some(i) = (0..m * n).find(|&i| got[i] != want[i]) {
+                    panic!("{m}x{n}x{k} add {add} {rows} at {i}: {:#06x} against {:#06x}", got[i], want[i]);
+                }
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use num_complex::{Complex32, Complex64};
 use rayon::prelude::*;
 
-use super::bgemm::{bgemm, Bf16Isa};
+use super::bgemm::{bgemm, bgemm_into_bf16, writes_bf16, Bf16Isa};
 use super::eval::Ptr;
 use super::sgemm::{sgemm, Isa, Mat, Out, Rows};
 use super::through_door;
@@ -343,6 +343,30 @@ unsafe fn widened<H: Element>(
         }
         let n_out = dims.b * dims.m * dims.n;
         let bf16 = dims.m > 0 && dims.n > 0 && dims.b > 0 && H::DTYPE == Dtype::BF16;
+        if bf16 && writes_bf16(Bf16Isa::of(dims.simd), dims.k) {
+            // the AMX tiles round their sums into the destination themselves (from init, copied
+            // there first): no f32 accumulator
+            if init.is_some() {
+                start::<H>(dst, init);
+            }
+            let mut keep: Vec<Vec<H>> = Vec::new();
+            let lhs = view_or_copy(a, perm_a, [dims.b, dims.m, dims.k], &mut keep);
+            let rhs = view_or_copy(b, perm_b, [dims.b, dims.k, dims.n], &mut keep);
+            let out = Ptr(Ptr::of(dst).at(H::DTYPE, dst.layout().offset()));
+            let adding = init.is_some();
+            spread(dims, rayon::current_num_threads().max(1), |bb, parallel| {
+                let (out, lhs, rhs) = (out, lhs, rhs);
+                let c = Out {
+                    base: out.0.wrapping_add(bb * dims.m * dims.n * 2).cast::<bf16>(),
+                    rows: Rows::Stride(dims.n as isize),
+                };
+                // SAFETY (the unsafe block around): the caller's contract; batch bb of dst is
+                // written by this call alone.
+                bgemm_into_bf16(dims.m, dims.n, dims.k, batch(lhs, bb), batch(rhs, bb), c, adding, parallel)
+            });
+            drop(keep);
+            return;
+        }
         // the accumulator: init widened, else zeros; a bf16 product without init overwrites
         // fresh memory, its sums read back plus +0 below: the bits of adding them onto zeros
         // (a sum that underflowed to -0 reads +0; every other value is itself)

@@ -156,7 +156,8 @@
 //!   elsewhere the f32 tiles over operands widened as packed, in that order: the same bits, but
 //!   for subnormals, which the instruction flushes to zero, and NaN payloads); where the level is
 //!   `amx`, AMX tiles, which add each group of 32 contracting indices as (even-indexed products in
-//!   order) + (odd-indexed ones) onto one running sum (`bgemm_amx.rs`): bits of their own. Other bf16
+//!   order) + (odd-indexed ones) onto one running sum (`bgemm_amx.rs`): bits of their own; up to
+//!   4096 contracting indices they round each sum to the bf16 output themselves. Other bf16
 //!   contractions (scaled, segmented, or into another dtype) widen into `f32` and run `sgemm` in
 //!   index order: their bits differ from the plain bf16 product's within the same bound. `f64` and complex run `faer`'s product, which blocks the
 //!   contracting axis by cache sizes alone, so its bits are independent of the thread count

@@ -124,17 +124,17 @@ impl<T: Copy> Mat<'_, T> {
 
 /// The destination: element `(i, j)` at `base + rows.at(i) + j`.
 #[derive(Clone, Copy)]
-pub(crate) struct Out<'a> {
-    pub(crate) base: *mut f32,
+pub(crate) struct Out<'a, T = f32> {
+    pub(crate) base: *mut T,
     pub(crate) rows: Rows<'a>,
 }
 
-impl Out<'_> {
+impl<T> Out<'_, T> {
     /// Where element `(i, j)` lies.
     ///
     /// # Safety
     /// It lies in the destination's allocation.
-    unsafe fn at(&self, i: usize, j: usize) -> *mut f32 {
+    unsafe fn at(&self, i: usize, j: usize) -> *mut T {
         // SAFETY: the caller's contract.
         unsafe { self.base.offset(self.rows.at(i) + j as isize) }
     }
@@ -147,9 +147,9 @@ unsafe impl<T> Send for Mat<'_, T> {}
 unsafe impl<T> Sync for Mat<'_, T> {}
 // SAFETY: the tasks of one call write the destination at disjoint elements; its caller holds the
 // memory for the whole run.
-unsafe impl Send for Out<'_> {}
+unsafe impl<T> Send for Out<'_, T> {}
 // SAFETY: as above.
-unsafe impl Sync for Out<'_> {}
+unsafe impl<T> Sync for Out<'_, T> {}
 
 /// A buffer of packed entries whose first lies on a 64-byte line, taken from the calling
 /// thread's [`SCRATCH`] and given back when dropped. Its entries hold whatever an earlier product
@@ -213,7 +213,7 @@ impl<P: 'static> Drop for Aligned<P> {
 pub(crate) const MR_MAX: usize = 32;
 
 /// A tile's destination rows: the first `mv` point at its rows in `C`.
-pub(crate) type Dst = [*mut f32; MR_MAX];
+pub(crate) type Dst<T = f32> = [*mut T; MR_MAX];
 
 /// The first 12 of a tile's destination rows, for the 12-row tiles.
 pub(crate) fn first12(dst: &Dst) -> &[*mut f32; 12] {
@@ -224,11 +224,17 @@ pub(crate) fn first12(dst: &Dst) -> &[*mut f32; 12] {
 pub(crate) trait Kit: Sync {
     /// A packed entry.
     type P: Copy + Default + Send + Sync + 'static;
+    /// An element of the destination.
+    type O;
     /// The tile: (rows, columns), at most [`MR_MAX`] rows.
     fn tile(&self) -> (usize, usize);
     /// The block of the contracting axis a panel holds.
     fn kc(&self) -> usize {
         KC
+    }
+    /// The most bytes of packed `B` panels a task runs its row panels against.
+    fn b_share(&self) -> usize {
+        B_SHARE_BYTES
     }
     /// Packed entries along the contracting axis for `kc` of its indices.
     fn depth(&self, kc: usize) -> usize {
@@ -253,7 +259,16 @@ pub(crate) trait Kit: Sync {
     /// The panels hold `depth` groups; `dst[..mv]` point at `nv` writable elements each; the CPU
     /// runs the kit's kernel.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn run(&self, depth: usize, a: &[Self::P], b: &[Self::P], dst: &Dst, mv: usize, nv: usize, add: bool);
+    unsafe fn run(
+        &self,
+        depth: usize,
+        a: &[Self::P],
+        b: &[Self::P],
+        dst: &Dst<Self::O>,
+        mv: usize,
+        nv: usize,
+        add: bool,
+    );
 }
 
 /// The `f32` kit: plain operands, `isa`'s tiles.
@@ -265,6 +280,7 @@ struct F32<'a> {
 
 impl Kit for F32<'_> {
     type P = f32;
+    type O = f32;
 
     fn tile(&self) -> (usize, usize) {
         self.isa.tile()
@@ -304,7 +320,7 @@ pub(crate) unsafe fn sgemm(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Ma
 ///
 /// # Safety
 /// As [`sgemm`], for the kit's operands and kernel.
-pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out, add: bool, parallel: bool) {
+pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out<K::O>, add: bool, parallel: bool) {
     if m == 0 || n == 0 {
         return;
     }
@@ -359,7 +375,7 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                 // of a share of the column panels
                 let blocks = row_panels.div_ceil(MC_PANELS);
                 let per_block = row_panels.div_ceil(blocks);
-                let fit = (B_SHARE_BYTES / (deep * nr * size_of::<K::P>())).max(1);
+                let fit = (kit.b_share() / (deep * nr * size_of::<K::P>())).max(1);
                 let shares = if threads == 1 { 1 } else { (8 * threads).div_ceil(blocks).min(panels) };
                 let shares = shares.max(panels.div_ceil(fit));
                 let per_share = panels.div_ceil(shares);
@@ -373,7 +389,7 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                         for p in p0..p1 {
                             let (j, nv) = (jc + p * nr, nr.min(nc - p * nr));
                             let bpanel = &bp[p * deep * nr..(p + 1) * deep * nr];
-                            let mut dst: Dst = [std::ptr::null_mut::<f32>(); MR_MAX];
+                            let mut dst: Dst<K::O> = [std::ptr::null_mut(); MR_MAX];
                             for (r, d) in dst.iter_mut().enumerate().take(mv) {
                                 // SAFETY: the caller's contract: row i + r, column j lie in c.
                                 *d = unsafe { c.at(i + r, j) };
