@@ -64,6 +64,14 @@ pub(crate) fn parts(func: &'static str, p: &Placement<'_>) -> Result<Parts> {
     Ok((pp.cuts, pp.sums))
 }
 
+/// An error naming `func` where `placement` is not over `ctx`'s devices.
+fn over_launch(func: &'static str, ctx: &Ctx<'_>, placement: &Placement<'_>) -> Result<()> {
+    if placement.devices().same_list(ctx.devices()) {
+        return Ok(());
+    }
+    Err(err(func, format!("{placement:#} is not over the launch's devices {}", ctx.devices())))
+}
+
 impl<'d, T: Reducible> Tensor<'d, T> {
     /// The value whose element at each global index `i` is `f(i)`; each rank computes only its
     /// window. At a partial placement the first term of each sum holds the value and the other
@@ -78,12 +86,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         placement: &Placement<'d>,
         f: impl Fn(&[usize]) -> T,
     ) -> Result<Self> {
-        if !placement.devices().same_list(ctx.devices()) {
-            return Err(err(
-                "nx::Tensor::from_fn",
-                format!("{placement:#} is not over the launch's devices {}", ctx.devices()),
-            ));
-        }
+        over_launch("nx::Tensor::from_fn", ctx, placement)?;
         let local = match placement.window(shape, ctx.index())? {
             None => None,
             Some(w) if placement.term(ctx.index())?.is_some_and(|t| t > 0) => {
@@ -103,12 +106,18 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok(Tensor { ctx: ctx.clone(), shape: shape.to_vec(), placement: placement.clone(), local })
     }
 
-    /// Zeros.
+    /// Zeros: each rank's window taken zeroed from the device's pool (no element written one by
+    /// one).
     ///
     /// # Errors
     /// As [`Tensor::from_fn`].
     pub fn zeros(ctx: &Ctx<'d>, shape: &[usize], placement: &Placement<'d>) -> Result<Self> {
-        Tensor::from_fn(ctx, shape, placement, |_| T::default())
+        over_launch("nx::Tensor::zeros", ctx, placement)?;
+        let local = match placement.window(shape, ctx.index())? {
+            None => None,
+            Some(w) => Some(Array::zeros_on(ctx.rig(), &window_shape(&w))?),
+        };
+        Ok(Tensor { ctx: ctx.clone(), shape: shape.to_vec(), placement: placement.clone(), local })
     }
 
     /// Normal samples (mean 0, deviation 1) from `seed`: element i's value depends on the seed

@@ -479,3 +479,35 @@ fn place_all_closes_sums_as_place_does_each() {
         .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
     }
 }
+
+/// `Tensor::zeros` at split, uneven, empty and partial placements: every rank's window has the
+/// placement's shape (as `from_fn`'s), every element is +0 (bit for bit) and the whole value is
+/// zeros.
+#[test]
+fn zeros_at_every_placement() {
+    for (dp, tp) in [(1, 1), (2, 2), (3, 2)] {
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            for (spec, shape) in [
+                ("mesh(0:dp, 1:tp)", vec![2 * dp + 1, 3 * tp + 1]),
+                ("mesh(1:dp)", vec![4, 0]),
+                ("partial(tp; 0:dp)", vec![dp + 1, 5]),
+                ("on", vec![]),
+            ] {
+                let z = Tensor::<f32>::zeros(ctx, &shape, &p(spec)?)?;
+                let want = Tensor::<f32>::from_fn(ctx, &shape, &p(spec)?, |_| 1.0)?;
+                let (zl, wl) = (z.to_local(), want.to_local());
+                assert_eq!(zl.map(|a| a.shape().to_vec()), wl.map(|a| a.shape().to_vec()), "{spec}");
+                if let Some(l) = zl {
+                    assert!(l.to_vec()?.iter().all(|x| x.to_bits() == 0), "{spec}");
+                }
+                let full = z.full()?.to_vec()?;
+                assert_eq!(full.len(), shape.iter().product::<usize>(), "{spec}");
+                assert!(full.iter().all(|x| x.to_bits() == 0), "{spec}");
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}

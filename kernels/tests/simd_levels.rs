@@ -206,11 +206,13 @@ fn sums_at_every_level() {
 }
 
 /// f32 and bf16 products (f32 accumulation) and wrapping i32 products at sizes off every tile
-/// (1, 15, 16, 17, 31, 33 and one past a contracting block): the same bits at every level, each
+/// (1, 15, 16, 17, 31, 33, one past a contracting block and one past the AMX kit's, whose bf16
+/// output then accumulates in f32 first): the same bits at every level, each
 /// within (k + 2)·u·Σ|a·b| of the f64 product (integers exactly).
 #[test]
 fn products_at_every_level() {
-    for (m, n, k) in [(1usize, 1usize, 1usize), (15, 17, 33), (16, 31, 16), (33, 15, 513), (17, 33, 31)] {
+    for (m, n, k) in [(1usize, 1usize, 1usize), (15, 17, 33), (16, 31, 16), (33, 15, 513), (17, 33, 31), (33, 40, 4200)]
+    {
         let a: Vec<f64> = (0..m * k).map(|i| val(i, 11)).collect();
         let b: Vec<f64> = (0..k * n).map(|i| val(i, 12)).collect();
         let naive = |a: &[f64], b: &[f64]| -> (Vec<f64>, Vec<f64>) {

@@ -111,7 +111,7 @@ pub(crate) unsafe fn bgemm_into_bf16(
     add: bool,
     parallel: bool,
 ) {
-    debug_assert!(writes_bf16(Bf16Isa::Tiles, k));
+    assert!(writes_bf16(Bf16Isa::Tiles, k), "bgemm_into_bf16: k = {k} past the AMX kit's block");
     // SAFETY: the caller's contract.
     unsafe { drive(&amx::Tiles { a, b, out: PhantomData }, m, n, k, c, add, parallel) }
 }

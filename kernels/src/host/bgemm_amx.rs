@@ -143,7 +143,7 @@ impl<O: Target> Kit for Tiles<'_, O> {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::asm;
     use std::arch::x86_64::*;
 
@@ -163,7 +163,8 @@ mod x86 {
         }
     }
 
-    /// An edge tile's outputs in f32, 32 rows of 32.
+    /// A tile's outputs in f32, 32 rows of 32, where they do not go in place (edges, listed rows,
+    /// bf16 outputs).
     #[repr(C, align(64))]
     struct Acc([f32; 32 * 32]);
 
@@ -181,7 +182,7 @@ mod x86 {
     /// The lanes of `lanes` lie in live memory; `buf` holds 32 writable f32 on a 64-byte line;
     /// the CPU has AVX-512F and BW.
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn widen_row(d: *const u16, lanes: __mmask32, buf: *mut f32) {
+    pub(in crate::host::bgemm) unsafe fn widen_row(d: *const u16, lanes: __mmask32, buf: *mut f32) {
         // SAFETY: the caller's contract.
         unsafe {
             let h = _mm512_maskz_loadu_epi16(lanes, d.cast());
@@ -212,7 +213,7 @@ mod x86 {
     /// The lanes of `lanes` lie in writable memory; `buf` holds 32 f32 on a 64-byte line; the CPU
     /// has AVX-512F and BW.
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn narrow_row(buf: *const f32, d: *mut u16, lanes: __mmask32) {
+    pub(in crate::host::bgemm) unsafe fn narrow_row(buf: *const f32, d: *mut u16, lanes: __mmask32) {
         // SAFETY: the caller's contract.
         unsafe {
             let lo = _mm512_cvtepi32_epi16(round16(_mm512_load_si512(buf.cast())));

@@ -135,6 +135,7 @@ fn every_kit_gives_the_documented_association_on_edges_of_the_tiles() {
         (64, 96, 2100),
         (40, 64, 1030),
         (33, 34, 4096),
+        (64, 96, 4200),
         (3, 35, 4097),
         (35, 2, 8230),
     ]);
@@ -230,8 +231,14 @@ fn strided_operands_through_the_general_packers() {
 fn listed_and_reversed_output_rows_on_whole_tiles() {
     // whole 32 x 32 tiles whose output rows are not one positive stride apart: listed in a
     // scattered order and by a negative stride, added onto and not, over blocks past the f32 kits'
-    // (the AMX kit's is tested past by the edges above)
-    let (m, n, k) = (64, 64, 1100);
+    // and the AMX kit's (whole tiles reloaded in place)
+    for k in [1100, 4200] {
+        listed_and_reversed(k);
+    }
+}
+
+fn listed_and_reversed(k: usize) {
+    let (m, n) = (64, 64);
     let mut g = Gen(44);
     let (a, b) = (g.fill(m * k), g.fill(k * n));
     let c0: Vec<f32> = g.fill(m * n).iter().map(|x| x.to_f32()).collect();
@@ -254,13 +261,13 @@ fn listed_and_reversed_output_rows_on_whole_tiles() {
             let out = Out { base: c.as_mut_ptr(), rows: Rows::At(&listed) };
             // SAFETY: every listed row lies in c.
             unsafe { bgemm(kit, m, n, k, am, bm, out, add, true) };
-            assert_eq!(bits(&c), bits(&place(&want)), "{kit:?} listed, add {add}");
+            assert_eq!(bits(&c), bits(&place(&want)), "{kit:?} listed, k {k}, add {add}");
             let mut c = flip(&c0);
             // SAFETY: row i at (m - 1 - i)·n, every row in c.
             let out = Out { base: unsafe { c.as_mut_ptr().add((m - 1) * n) }, rows: Rows::Stride(-(n as isize)) };
             // SAFETY: every row lies in c.
             unsafe { bgemm(kit, m, n, k, am, bm, out, add, true) };
-            assert_eq!(bits(&c), bits(&flip(&want)), "{kit:?} negative stride, add {add}");
+            assert_eq!(bits(&c), bits(&flip(&want)), "{kit:?} negative stride, k {k}, add {add}");
         }
     }
 }
@@ -347,6 +354,64 @@ fn amx_bf16_outputs_round_the_documented_sums_once() {
                     panic!("{m}x{n}x{k} add {add} {rows} at {i}: {:#06x} against {:#06x}", got[i], want[i]);
                 }
             }
+        }
+    }
+}
+
+/// The bf16 rows the AMX kit writes and reads, on any CPU with AVX-512 BW: every bf16 bit pattern
+/// widens exactly, f32s around every rounding boundary (ties, the largest finite values, ±∞,
+/// NaNs, subnormals, zeros) round as `f32_to_bf16` does, and a row of `nv` lanes touches those
+/// lanes alone.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn bf16_rows_widen_and_round_within_their_lanes() {
+    use crate::dtype::convert::f32_to_bf16;
+    use amx::x86::{narrow_row, widen_row};
+    if !crate::Simd::Avx512.available() {
+        eprintln!("this CPU has no AVX-512 BW: the bf16 rows are not tested here");
+        return;
+    }
+    #[repr(C, align(64))]
+    struct Buf([f32; 32]);
+    let mut buf = Buf([0.0; 32]);
+    // every bf16 pattern, 32 at a time, widened
+    for base in (0..=u16::MAX as u32).step_by(32) {
+        let row: Vec<u16> = (base..base + 32).map(|h| h as u16).collect();
+        // SAFETY: 32 lanes of row; buf holds 32 aligned f32s; the CPU has AVX-512 BW.
+        unsafe { widen_row(row.as_ptr(), u32::MAX, buf.0.as_mut_ptr()) };
+        for (t, &h) in row.iter().enumerate() {
+            assert_eq!(buf.0[t].to_bits(), u32::from(h) << 16, "widen {h:#06x}");
+        }
+    }
+    // f32s around every bf16 boundary: each high half with low halves at and beside the tie
+    let lows = [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF];
+    let values: Vec<f32> =
+        (0..=u16::MAX as u32).flat_map(|h| lows.iter().map(move |&l| f32::from_bits(h << 16 | l))).collect();
+    for chunk in values.chunks(32) {
+        buf.0[..chunk.len()].copy_from_slice(chunk);
+        let mut out = [0u16; 32];
+        // SAFETY: as above.
+        unsafe { narrow_row(buf.0.as_ptr(), out.as_mut_ptr(), u32::MAX >> (32 - chunk.len())) };
+        for (t, &x) in chunk.iter().enumerate() {
+            assert_eq!(out[t], f32_to_bf16(x).to_bits(), "round {:#010x}", x.to_bits());
+        }
+    }
+    // rows of nv lanes between guards: nothing past the lanes is written, nothing read counts
+    for nv in 1..=32usize {
+        let lanes = if nv == 32 { u32::MAX } else { (1u32 << nv) - 1 };
+        let mut dst = vec![0xABCDu16; 40];
+        buf.0 = std::array::from_fn(|t| t as f32 + 0.5);
+        // SAFETY: lanes 0..nv from dst[4] lie in dst.
+        unsafe { narrow_row(buf.0.as_ptr(), dst.as_mut_ptr().add(4), lanes) };
+        for (t, &d) in dst.iter().enumerate() {
+            let want = if (4..4 + nv).contains(&t) { f32_to_bf16((t - 4) as f32 + 0.5).to_bits() } else { 0xABCD };
+            assert_eq!(d, want, "nv {nv}: element {t}");
+        }
+        // SAFETY: as above.
+        unsafe { widen_row(dst.as_ptr().add(4), lanes, buf.0.as_mut_ptr()) };
+        for (t, &x) in buf.0.iter().enumerate() {
+            let want = if t < nv { f32::from_bits(u32::from(dst[4 + t]) << 16) } else { 0.0 };
+            assert_eq!(x.to_bits(), want.to_bits(), "nv {nv}: widened lane {t}");
         }
     }
 }

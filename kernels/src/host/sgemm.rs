@@ -11,9 +11,11 @@
 //!
 //! Loop nest: for each [`NC`] columns and each block of the contracting axis, `B`'s block is
 //! packed into panels of the tile's width (zero-padded), then each [`MCHUNK`] rows of `A` into
-//! panels of the tile's height, both over the pool; tasks of up to [`MC_PANELS`] row panels and
-//! a share of the column panels (at most [`B_SHARE_BYTES`] of them, and more shares where the
-//! tasks would be fewer than 8 a thread) run the tile kernel over every pair, an `A` panel
+//! panels of the tile's height, both over the pool (fewer columns or rows at a time where a
+//! deep block's panels would pass [`KEPT_BYTES`]); tasks of up to [`MC_PANELS`] row panels and
+//! a share of the column panels (at most [`Kit::b_share`] bytes of them, [`B_SHARE_BYTES`] but
+//! for the AMX kit's, and more shares where the tasks would be fewer than 8 a thread) run the
+//! tile kernel over every pair, an `A` panel
 //! (12 × 512: 24 KiB, the first level of cache) against each of the task's `B` panels in turn
 //! (from the second, which must hold them all: on the Intel VM, shares of 2 MiB, its whole second
 //! level, had them come from the third, and 2048³ ran at 218 GFLOP/s against 295 with shares of
@@ -337,10 +339,14 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
     let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
     let block = kit.kc();
     let deep = kit.depth(block.min(k));
-    let mut packed_b = Aligned::<K::P>::new(deep * NC.min(n.div_ceil(nr) * nr));
-    let mut packed_a = Aligned::<K::P>::new(deep * m.min(MCHUNK).div_ceil(mr) * mr);
-    for jc in (0..n).step_by(NC) {
-        let nc = NC.min(n - jc);
+    // columns and rows packed at a time: at most what a buffer the thread keeps holds, so that
+    // deep blocks (the AMX kit's) do not fault in fresh packing buffers every product
+    let fits = |r: usize| (KEPT_BYTES - 64) / (deep * r * size_of::<K::P>()).max(1) * r;
+    let (nc_max, m_chunk) = (NC.min(fits(nr)).max(nr), MCHUNK.min(fits(mr)).max(mr));
+    let mut packed_b = Aligned::<K::P>::new(deep * nc_max.min(n.div_ceil(nr) * nr));
+    let mut packed_a = Aligned::<K::P>::new(deep * m.min(m_chunk).div_ceil(mr) * mr);
+    for jc in (0..n).step_by(nc_max) {
+        let nc = nc_max.min(n - jc);
         let panels = nc.div_ceil(nr);
         for pc in (0..k).step_by(block) {
             let kc = block.min(k - pc);
@@ -357,8 +363,8 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
             }
             let bp: &[K::P] = bp;
             let onto = add || pc > 0;
-            for ic in (0..m).step_by(MCHUNK) {
-                let mm = MCHUNK.min(m - ic);
+            for ic in (0..m).step_by(m_chunk) {
+                let mm = m_chunk.min(m - ic);
                 let row_panels = mm.div_ceil(mr);
                 let ap = packed_a.slice(row_panels * mr * deep);
                 let pack = |(q, panel): (usize, &mut [K::P])| {
