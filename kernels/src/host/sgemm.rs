@@ -11,7 +11,9 @@
 //!
 //! Loop nest: for each [`NC`] columns and each block of the contracting axis, `B`'s block is
 //! packed into panels of the tile's width (zero-padded), then each [`MCHUNK`] rows of `A` into
-//! panels of the tile's height, both over the pool (fewer columns or rows at a time where a
+//! panels of the tile's height — unless the vector tiles read `A` where it lies (rows at stride 1,
+//! or a transposed `A` whose rows lie side by side) in a product of at most [`IN_PLACE_COLUMNS`]
+//! columns, where too few column panels share a packed panel to pay for it —, both over the pool (fewer columns or rows at a time where a
 //! deep block's panels would pass [`KEPT_BYTES`]); tasks of up to [`MC_PANELS`] row panels and
 //! a share of the column panels (at most [`Kit::b_share`] bytes of them, [`B_SHARE_BYTES`] but
 //! for the AMX kit's, and more shares where the tasks would be fewer than 8 a thread) run the
@@ -271,7 +273,37 @@ pub(crate) trait Kit: Sync {
         nv: usize,
         add: bool,
     );
+    /// Whether [`Kit::run_in_place`] reads `A` where it lies in a product of `n` columns, so that
+    /// no `A` panels are packed.
+    fn a_in_place(&self, n: usize) -> bool {
+        let _ = n;
+        false
+    }
+    /// The tile of `A`'s rows `i..i + mv` from contracting index `p0`, read where they lie, and a
+    /// `B` panel of `kc` groups, added to (`add`) or stored into the first `mv` rows' first `nv`
+    /// columns at `dst`.
+    ///
+    /// # Safety
+    /// As [`Kit::run`]; [`Kit::a_in_place`] holds and those `kc` entries of `A`'s rows are live.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_in_place(
+        &self,
+        kc: usize,
+        i: usize,
+        mv: usize,
+        p0: usize,
+        b: &[Self::P],
+        dst: &Dst<Self::O>,
+        nv: usize,
+        add: bool,
+    ) {
+        let _ = (kc, i, mv, p0, b, dst, nv, add);
+        unreachable!("run_in_place of a kit that packs A");
+    }
 }
+
+/// The most columns of a product whose `f32` tiles read `A`'s rows in place.
+const IN_PLACE_COLUMNS: usize = 256;
 
 /// The `f32` kit: plain operands, `isa`'s tiles.
 struct F32<'a> {
@@ -301,6 +333,71 @@ impl Kit for F32<'_> {
     unsafe fn run(&self, depth: usize, a: &[f32], b: &[f32], dst: &Dst, mv: usize, nv: usize, add: bool) {
         // SAFETY: the caller's contract.
         unsafe { tile(self.isa, depth, a, b, first12(dst), mv, nv, add) }
+    }
+
+    fn a_in_place(&self, n: usize) -> bool {
+        // the vector tiles broadcast each entry from its row, so rows at stride 1 (or a
+        // transposed `A`, rows side by side) need no panel; a panel is packed once and read by
+        // every column panel, so it pays where there are many (on the Xeon of 2026-12-07,
+        // reading in place ran 512×512×128 10–24% and 512×128×128 10% faster, 512×128×512
+        // alike, 2048³ 7–13% slower)
+        let across = matches!(self.a.rows, Rows::Stride(1));
+        cfg!(target_arch = "x86_64") && (self.a.col == 1 || across) && self.isa != Isa::Plain && n <= IN_PLACE_COLUMNS
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn run_in_place(
+        &self,
+        kc: usize,
+        i: usize,
+        mv: usize,
+        p0: usize,
+        b: &[f32],
+        dst: &Dst,
+        nv: usize,
+        add: bool,
+    ) {
+        debug_assert!((1..=self.isa.tile().0).contains(&mv) && b.len() >= kc * self.isa.tile().1);
+        let dst12 = first12(dst);
+        if self.a.col != 1 {
+            // a transposed `A`: the tile's rows side by side at each contracting index; rows past
+            // mv are read but not stored, and the whole tile's rows lie in `A` only where mv is
+            // the tile's, so a short tile reads row i's entries again
+            let at = self.a.rows.at(i) + p0 as isize * self.a.col;
+            // SAFETY: the caller's contract: those entries are live.
+            let base = unsafe { self.a.base.offset(at) };
+            let full = mv == self.isa.tile().0;
+            // SAFETY: the caller's contract; the kit's tile runs where `Isa::of` found its features.
+            unsafe {
+                return match (self.isa, full) {
+                    (Isa::Avx512, true) => {
+                        x86::tile512(kc, x86::Across(base, self.a.col), b.as_ptr(), dst12, mv, nv, add)
+                    }
+                    (_, true) => x86::tile256(kc, x86::Across(base, self.a.col), b.as_ptr(), dst12, mv, nv, add),
+                    (Isa::Avx512, false) => {
+                        x86::tile512(kc, x86::Short(base, self.a.col, mv), b.as_ptr(), dst12, mv, nv, add)
+                    }
+                    (_, false) => x86::tile256(kc, x86::Short(base, self.a.col, mv), b.as_ptr(), dst12, mv, nv, add),
+                };
+            }
+        }
+        let mut rows = [std::ptr::null::<f32>(); 12];
+        for (r, row) in rows.iter_mut().enumerate() {
+            // rows past mv read row i again: their sums are not stored
+            let at = self.a.rows.at(i + if r < mv { r } else { 0 }) + p0 as isize;
+            // SAFETY: the caller's contract: kc entries of the row from p0 are live.
+            *row = unsafe { self.a.base.offset(at) };
+        }
+        // SAFETY: the caller's contract; the kit's tile runs where `Isa::of` found its features.
+        unsafe {
+            match self.isa {
+                Isa::Avx512 => x86::tile512(kc, x86::InPlace(&rows), b.as_ptr(), dst12, mv, nv, add),
+                _ => {
+                    let six: &[*const f32; 6] = rows[..6].try_into().expect("6 of 12 rows");
+                    x86::tile256(kc, x86::InPlace(six), b.as_ptr(), dst12, mv, nv, add)
+                }
+            }
+        }
     }
 }
 
@@ -344,7 +441,9 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
     let fits = |r: usize| (KEPT_BYTES - 64) / (deep * r * size_of::<K::P>()).max(1) * r;
     let (nc_max, m_chunk) = (NC.min(fits(nr)).max(nr), MCHUNK.min(fits(mr)).max(mr));
     let mut packed_b = Aligned::<K::P>::new(deep * nc_max.min(n.div_ceil(nr) * nr));
-    let mut packed_a = Aligned::<K::P>::new(deep * m.min(m_chunk).div_ceil(mr) * mr);
+    // A's rows read in place (the f32 tiles, rows at stride 1) need no panels
+    let in_place = kit.a_in_place(n);
+    let mut packed_a = Aligned::<K::P>::new(if in_place { 0 } else { deep * m.min(m_chunk).div_ceil(mr) * mr });
     for jc in (0..n).step_by(nc_max) {
         let nc = nc_max.min(n - jc);
         let panels = nc.div_ceil(nr);
@@ -366,12 +465,13 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
             for ic in (0..m).step_by(m_chunk) {
                 let mm = m_chunk.min(m - ic);
                 let row_panels = mm.div_ceil(mr);
-                let ap = packed_a.slice(row_panels * mr * deep);
+                let ap = packed_a.slice(if in_place { 0 } else { row_panels * mr * deep });
                 let pack = |(q, panel): (usize, &mut [K::P])| {
                     // SAFETY: the caller's contract: rows ic + q·mr.., columns pc.. of a.
                     unsafe { kit.pack_a(ic + q * mr, mr.min(mm - q * mr), pc, kc, panel) }
                 };
-                if threads > 1 && row_panels > 1 {
+                if in_place {
+                } else if threads > 1 && row_panels > 1 {
                     ap.par_chunks_mut(deep * mr).enumerate().for_each(pack);
                 } else {
                     ap.chunks_mut(deep * mr).enumerate().for_each(pack);
@@ -391,7 +491,7 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                     let (p0, p1) = (sh * per_share, ((sh + 1) * per_share).min(panels));
                     for q in q0..q1 {
                         let (i, mv) = (ic + q * mr, mr.min(mm - q * mr));
-                        let apanel = &ap[q * deep * mr..(q + 1) * deep * mr];
+                        let apanel = if in_place { &ap[..0] } else { &ap[q * deep * mr..(q + 1) * deep * mr] };
                         for p in p0..p1 {
                             let (j, nv) = (jc + p * nr, nr.min(nc - p * nr));
                             let bpanel = &bp[p * deep * nr..(p + 1) * deep * nr];
@@ -400,9 +500,15 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                                 // SAFETY: the caller's contract: row i + r, column j lie in c.
                                 *d = unsafe { c.at(i + r, j) };
                             }
-                            // SAFETY: panels of deep·mr and deep·nr; dst's first mv rows hold nv
-                            // elements.
-                            unsafe { kit.run(deep, apanel, bpanel, &dst, mv, nv, onto) };
+                            // SAFETY: panels of deep·mr (or A's rows in place) and deep·nr; dst's
+                            // first mv rows hold nv elements.
+                            unsafe {
+                                if in_place {
+                                    kit.run_in_place(kc, i, mv, pc, bpanel, &dst, nv, onto)
+                                } else {
+                                    kit.run(deep, apanel, bpanel, &dst, mv, nv, onto)
+                                }
+                            };
                         }
                     }
                 };
@@ -517,9 +623,9 @@ pub(crate) unsafe fn tile(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::tile512(kc, a.as_ptr(), b.as_ptr(), dst, mv, nv, add),
+            Isa::Avx512 => x86::tile512(kc, x86::Packed::<12>(a.as_ptr()), b.as_ptr(), dst, mv, nv, add),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::tile256(kc, a.as_ptr(), b.as_ptr(), dst, mv, nv, add),
+            Isa::Avx2 => x86::tile256(kc, x86::Packed::<6>(a.as_ptr()), b.as_ptr(), dst, mv, nv, add),
             _ => tile_plain(kc, a, b, dst, mv, nv, add),
         }
     }
@@ -549,138 +655,8 @@ unsafe fn tile_plain(kc: usize, a: &[f32], b: &[f32], dst: &[*mut f32; 12], mv: 
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86 {
-    use std::arch::x86_64::*;
-
-    /// Asks for the first `mv` destination rows of a 12 × 32 tile in the first cache level.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F (prefetches touch no memory).
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    pub(crate) unsafe fn prefetch(dst: &[*mut f32; 12], mv: usize) {
-        for &d in dst.iter().take(mv) {
-            _mm_prefetch::<_MM_HINT_T0>(d.cast());
-            _mm_prefetch::<_MM_HINT_T0>(d.wrapping_add(16).cast());
-        }
-    }
-
-    /// Adds (`add`) or stores a 12 × 32 tile's accumulators into the first `mv` rows' first `nv`
-    /// columns at `dst`, by masked loads and stores.
-    ///
-    /// # Safety
-    /// `dst[..mv]` point at `nv` writable elements each; the CPU has AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    pub(crate) unsafe fn store(acc: &[[__m512; 2]; 12], dst: &[*mut f32; 12], mv: usize, nv: usize, add: bool) {
-        let lanes = if nv >= 32 { u32::MAX } else { (1u32 << nv) - 1 };
-        let (m0, m1) = ((lanes & 0xffff) as __mmask16, (lanes >> 16) as __mmask16);
-        for (r, s) in acc.iter().enumerate().take(mv) {
-            // the second half's address may lie past the row's end, where its mask is empty
-            let (d0, d1) = (dst[r], dst[r].wrapping_add(16));
-            let (mut v0, mut v1) = (s[0], s[1]);
-            // SAFETY: the caller's contract: masked lanes lie in the row.
-            unsafe {
-                if add {
-                    v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d0), v0);
-                    v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, d1), v1);
-                }
-                _mm512_mask_storeu_ps(d0, m0, v0);
-                _mm512_mask_storeu_ps(d1, m1, v1);
-            }
-        }
-    }
-
-    /// How far ahead of its loads the AVX-512 tile asks for the `B` panel, in elements.
-    const PREFETCH_B: usize = 32 * 24;
-
-    /// The AVX-512 tile: 12 rows × 32 columns in 24 registers.
-    ///
-    /// # Safety
-    /// As [`super::tile`], on a CPU with AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile512(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        dst: &[*mut f32; 12],
-        mv: usize,
-        nv: usize,
-        add: bool,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); 2]; 12];
-        // SAFETY: the caller's contract: kc·12 and kc·32 elements.
-        unsafe {
-            if add {
-                prefetch(dst, mv);
-            }
-            for p in 0..kc {
-                // the B panel streams from the second cache level: ask for its lines ahead
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * 32 + PREFETCH_B).cast());
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * 32 + PREFETCH_B + 16).cast());
-                let b0 = _mm512_loadu_ps(b.add(p * 32));
-                let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
-                let ap = a.add(p * 12);
-                for (r, s) in acc.iter_mut().enumerate() {
-                    let x = _mm512_set1_ps(*ap.add(r));
-                    s[0] = _mm512_fmadd_ps(x, b0, s[0]);
-                    s[1] = _mm512_fmadd_ps(x, b1, s[1]);
-                }
-            }
-            store(&acc, dst, mv, nv, add);
-        }
-    }
-
-    /// The AVX2 tile: 6 rows × 16 columns in 12 registers.
-    ///
-    /// # Safety
-    /// As [`super::tile`], on a CPU with AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile256(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        dst: &[*mut f32; 12],
-        mv: usize,
-        nv: usize,
-        add: bool,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; 6];
-        // SAFETY: the caller's contract: kc·6 and kc·16 elements.
-        unsafe {
-            for p in 0..kc {
-                let b0 = _mm256_loadu_ps(b.add(p * 16));
-                let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
-                let ap = a.add(p * 6);
-                for (r, s) in acc.iter_mut().enumerate() {
-                    let x = _mm256_set1_ps(*ap.add(r));
-                    s[0] = _mm256_fmadd_ps(x, b0, s[0]);
-                    s[1] = _mm256_fmadd_ps(x, b1, s[1]);
-                }
-            }
-            for (r, s) in acc.iter().enumerate().take(mv) {
-                let d = dst[r];
-                if nv == 16 {
-                    let (mut v0, mut v1) = (s[0], s[1]);
-                    if add {
-                        v0 = _mm256_add_ps(_mm256_loadu_ps(d), v0);
-                        v1 = _mm256_add_ps(_mm256_loadu_ps(d.add(8)), v1);
-                    }
-                    _mm256_storeu_ps(d, v0);
-                    _mm256_storeu_ps(d.add(8), v1);
-                } else {
-                    let mut t = [0f32; 16];
-                    _mm256_storeu_ps(t.as_mut_ptr(), s[0]);
-                    _mm256_storeu_ps(t.as_mut_ptr().add(8), s[1]);
-                    for (j, &x) in t.iter().enumerate().take(nv) {
-                        let o = d.add(j);
-                        *o = if add { *o + x } else { x };
-                    }
-                }
-            }
-        }
-    }
-}
+#[path = "sgemm_x86.rs"]
+pub(crate) mod x86;
 
 #[cfg(test)]
 #[path = "sgemm_tests.rs"]

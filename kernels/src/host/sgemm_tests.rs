@@ -262,3 +262,42 @@ fn flipped_and_transposed_operands_and_listed_rows_added_onto() {
         assert_eq!(bits(&c), bits(&want), "{isa:?}");
     }
 }
+
+#[test]
+fn transposed_and_listed_a_read_in_place_on_every_tile_edge() {
+    // A transposed (its rows side by side: element (i, p) at p·m + i) and A's rows listed out of
+    // order: the tiles read both where they lie (up to IN_PLACE_COLUMNS columns) or from panels
+    // (past it); heights around both tiles' (6 and 12 rows) and past a block of KC
+    let mut g = Gen(23);
+    for &(m, n, k) in &[(1, 5, 7), (5, 33, 40), (11, 64, 130), (13, 17, 513), (25, 256, 64), (30, 257, 9), (6, 300, 20)]
+    {
+        let at = g.fill(k * m);
+        let b = g.fill(k * n);
+        let c0 = g.fill(m * n);
+        let a: Vec<f32> = (0..m).flat_map(|i| (0..k).map(move |p| (i, p))).map(|(i, p)| at[p * m + i]).collect();
+        let mut want = c0.clone();
+        documented(m, n, k, &a, &b, &mut want, true);
+        // A's rows listed in reverse from a copy with a gap after each row
+        let gap = k + 3;
+        let mut spaced = vec![f32::NAN; m * gap];
+        for i in 0..m {
+            spaced[(m - 1 - i) * gap..(m - 1 - i) * gap + k].copy_from_slice(&a[i * k..(i + 1) * k]);
+        }
+        let rows: Vec<isize> = (0..m).map(|i| ((m - 1 - i) * gap) as isize).collect();
+        for isa in isas() {
+            for (what, am) in [
+                ("transposed", Mat { base: at.as_ptr(), rows: Rows::Stride(1), col: m as isize }),
+                ("listed", Mat { base: spaced.as_ptr(), rows: Rows::At(&rows), col: 1 }),
+            ] {
+                for parallel in [false, true] {
+                    let mut c = c0.clone();
+                    let bm = Mat { base: b.as_ptr(), rows: Rows::Stride(n as isize), col: 1 };
+                    let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
+                    // SAFETY: every element addressed lies in its slice.
+                    unsafe { sgemm(isa, m, n, k, am, bm, out, true, parallel) };
+                    assert_eq!(bits(&c), bits(&want), "{isa:?} {what} {m}x{n}x{k} parallel {parallel}");
+                }
+            }
+        }
+    }
+}
