@@ -297,6 +297,47 @@ fn products_at_every_level() {
     }
 }
 
+/// Past a block of the AMX tiles (k > 4096) a bf16 product without init runs through a fresh
+/// f32 accumulator read back plus +0: its outputs have the bits of adding onto zeros there too,
+/// where the tiles' running sum turns negative subnormal (output (0, 0): 2⁻¹²⁶ then −1.5·2⁻¹²⁶ a
+/// group of 32 later, its other products −0, so that a −0 would stay): the tiles flush it to +0,
+/// the f32 tiles keep the subnormal −2⁻¹²⁷.
+#[test]
+fn amx_products_past_a_block_overwrite_with_the_bits_of_adding_onto_zeros() {
+    if !Simd::Amx.available() {
+        eprintln!("this CPU has no AMX (or Linux refused its tiles): the AMX product is not tested here");
+        return;
+    }
+    let (m, n, k) = (1024usize, 1024usize, 4100usize);
+    let half = 2f64.powi(-63);
+    let ab: Vec<bf16> = (0..m * k)
+        .map(|i| {
+            bf16::from_f64(match i {
+                0 => half,
+                32 => -1.5 * half,
+                _ if i < k => -0.0,
+                _ => val(i, 31),
+            })
+        })
+        .collect();
+    let bb: Vec<bf16> = (0..k * n).map(|i| bf16::from_f64(if i % n == 0 { half } else { val(i, 32) })).collect();
+    let spec = Contraction::matmul(0);
+    for simd in [Simd::Avx512, Simd::Amx] {
+        let h = host(simd);
+        let aa = Array::<bf16>::from_vec(DEV, &[m, k], ab.clone()).unwrap();
+        let ba = Array::<bf16>::from_vec(DEV, &[k, n], bb.clone()).unwrap();
+        let (fresh, onto) = (Array::<bf16>::zeros(DEV, &[m, n]).unwrap(), Array::<bf16>::zeros(DEV, &[m, n]).unwrap());
+        let zeros = Array::<bf16>::zeros(DEV, &[m, n]).unwrap();
+        assert_eq!(h.contract(&spec, &fresh, &aa, &ba, None), Answer::Done);
+        assert_eq!(h.contract(&spec, &onto, &aa, &ba, Some(&zeros)), Answer::Done);
+        let (got, want) = (fresh.to_vec().unwrap(), onto.to_vec().unwrap());
+        let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "at {simd}");
+        let corner = if simd == Simd::Amx { 0 } else { bf16::from_f64(-(2f64.powi(-127))).to_bits() };
+        assert_eq!(got[0].to_bits(), corner, "output (0, 0) at {simd}");
+    }
+}
+
 /// A bf16 product whose f32 accumulator passes 4 MiB (written over fresh memory, not added onto
 /// zeros) against the same product onto an `init` of zeros and against f64 loops, at every level;
 /// output (0, 0)'s products underflow to −0, and adding onto zeros made it +0.
