@@ -8,8 +8,9 @@
 //! even-indexed products in order, starting from the first, and `O` its 16 odd-indexed ones
 //! alike. Products are exact in f32, every sum rounds to nearest even, subnormal inputs (the
 //! output added onto among them) count as zero of their sign and subnormal sums flush to zero,
-//! as `vdpbf16ps`'s do — to +0 (measured: a running sum turned negative subnormal reads +0, so a
-//! sum from +0 never reads −0 unless it stays −0 from the output added onto). Products and sums past f32's largest finite value are not fixed here
+//! as `vdpbf16ps`'s do — to +0 (measured once, on the Xeon of 2026-12-07: a running sum of
+//! 2⁻¹²⁶ − 1.5·2⁻¹²⁶ read +0), so a running sum reads −0 only where it starts at a −0 output
+//! and every group adds −0. Products and sums past f32's largest finite value are not fixed here
 //! (measured: a group whose products overflow f32 gave ∞ where the steps above give NaN). No
 //! blocks of the contracting axis show in the bits: a block's tiles start from the output the
 //! block before left.

@@ -10,20 +10,22 @@
 //! (scalar `mul_add`, 6 × 16) give the same bits, picked by the library's SIMD level.
 //!
 //! Loop nest: for each [`NC`] columns and each block of the contracting axis, `B`'s block is
-//! packed into panels of the tile's width (zero-padded), then each [`MCHUNK`] rows of `A` into
-//! panels of the tile's height — unless the vector tiles read `A` where it lies (rows at stride 1,
-//! or a transposed `A` whose rows lie side by side) in a product of at most [`IN_PLACE_COLUMNS`]
-//! columns, where too few column panels share a packed panel to pay for it —, both over the pool (fewer columns or rows at a time where a
-//! deep block's panels would pass [`KEPT_BYTES`]); tasks of up to [`MC_PANELS`] row panels and
-//! a share of the column panels (at most [`Kit::b_share`] bytes of them, [`B_SHARE_BYTES`] but
-//! for the AMX kit's, and more shares where the tasks would be fewer than 8 a thread) run the
-//! tile kernel over every pair, an `A` panel
-//! (12 × 512: 24 KiB, the first level of cache) against each of the task's `B` panels in turn
-//! (from the second, which must hold them all: on the Intel VM, shares of 2 MiB, its whole second
-//! level, had them come from the third, and 2048³ ran at 218 GFLOP/s against 295 with shares of
-//! 256 KiB, 512 KiB or 1 MiB). The tile kernels reach 106 GFLOP/s a core on an AMD EPYC with AVX-512 (data
-//! in the first level: the AVX2 tiles reach as much); see the README's benchmarks for whole
-//! products.
+//! packed into panels of the tile's width (zero-padded) over the pool. `A` is read in one of two
+//! ways. In a product of at most [`IN_PLACE_COLUMNS`] columns (shapes here are m × k × n), where
+//! too few column panels share a packed panel to pay for it, the vector tiles read `A` where it
+//! lies: each row's entries at stride 1 (`col == 1`) through a pointer a row, or a transposed `A`
+//! (its rows side by side, `Rows::Stride(1)`) through one pointer a contracting index. Otherwise
+//! each [`MCHUNK`] rows of `A` are packed into panels of the tile's height over the pool (fewer
+//! columns or rows at a time where a deep block's panels would pass [`KEPT_BYTES`]). Tasks of up
+//! to [`MC_PANELS`] row panels and a share of the column panels (at most [`Kit::b_share`] bytes
+//! of them, [`B_SHARE_BYTES`] but for the AMX kit's, and more shares where the tasks would be
+//! fewer than 8 a thread) run the tile kernel over every pair, an `A` panel (12 × 512: 24 KiB,
+//! the first level of cache) against each of the task's `B` panels in turn (from the second,
+//! which must hold them all: on the Intel VM, shares of 2 MiB, its whole second level, had them
+//! come from the third, and 2048³ ran at 218 GFLOP/s against 295 with shares of 256 KiB, 512 KiB
+//! or 1 MiB). The tile kernels reach 106 GFLOP/s a core on an AMD EPYC with AVX-512 (data in the
+//! first level: the AVX2 tiles reach as much), 110–170 on the Intel Xeon of 2026-12-07 (its speed
+//! drifts); see the README's benchmarks for whole products.
 
 use crate::Simd;
 use rayon::prelude::*;
@@ -336,11 +338,11 @@ impl Kit for F32<'_> {
     }
 
     fn a_in_place(&self, n: usize) -> bool {
-        // the vector tiles broadcast each entry from its row, so rows at stride 1 (or a
-        // transposed `A`, rows side by side) need no panel; a panel is packed once and read by
-        // every column panel, so it pays where there are many (on the Xeon of 2026-12-07,
-        // reading in place ran 512×512×128 10–24% and 512×128×128 10% faster, 512×128×512
-        // alike, 2048³ 7–13% slower)
+        // the vector tiles broadcast each entry from where it lies, so a row's entries at
+        // stride 1 (or a transposed `A`, rows side by side) need no panel; a panel is packed once
+        // and read by every column panel, so it pays where there are many (on the Xeon of
+        // 2026-12-07, m × k × n: reading in place ran 512×512×128 10–24% and 512×128×128 10%
+        // faster, 512×128×512 alike, 2048³ 7–13% slower)
         let across = matches!(self.a.rows, Rows::Stride(1));
         cfg!(target_arch = "x86_64") && (self.a.col == 1 || across) && self.isa != Isa::Plain && n <= IN_PLACE_COLUMNS
     }
@@ -357,7 +359,7 @@ impl Kit for F32<'_> {
         nv: usize,
         add: bool,
     ) {
-        debug_assert!((1..=self.isa.tile().0).contains(&mv) && b.len() >= kc * self.isa.tile().1);
+        debug_assert!(self.a_in_place(0) && (1..=self.isa.tile().0).contains(&mv) && b.len() >= kc * self.isa.tile().1);
         let dst12 = first12(dst);
         if self.a.col != 1 {
             // a transposed `A`: the tile's rows side by side at each contracting index; rows past
@@ -441,7 +443,7 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
     let fits = |r: usize| (KEPT_BYTES - 64) / (deep * r * size_of::<K::P>()).max(1) * r;
     let (nc_max, m_chunk) = (NC.min(fits(nr)).max(nr), MCHUNK.min(fits(mr)).max(mr));
     let mut packed_b = Aligned::<K::P>::new(deep * nc_max.min(n.div_ceil(nr) * nr));
-    // A's rows read in place (the f32 tiles, rows at stride 1) need no panels
+    // A read in place (the f32 tiles: entries at stride 1, or a transposed A) needs no panels
     let in_place = kit.a_in_place(n);
     let mut packed_a = Aligned::<K::P>::new(if in_place { 0 } else { deep * m.min(m_chunk).div_ceil(mr) * mr });
     for jc in (0..n).step_by(nc_max) {

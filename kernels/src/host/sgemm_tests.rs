@@ -265,18 +265,28 @@ fn flipped_and_transposed_operands_and_listed_rows_added_onto() {
 
 #[test]
 fn transposed_and_listed_a_read_in_place_on_every_tile_edge() {
-    // A transposed (its rows side by side: element (i, p) at p·m + i) and A's rows listed out of
-    // order: the tiles read both where they lie (up to IN_PLACE_COLUMNS columns) or from panels
-    // (past it); heights around both tiles' (6 and 12 rows) and past a block of KC
+    // A transposed (its rows side by side: element (i, p) at p·m + i), transposed with its
+    // contracting index flipped (a negative column stride) and A's rows listed out of order: the
+    // tiles read them where they lie (up to IN_PLACE_COLUMNS columns) or from panels (past it);
+    // heights around both tiles' (6 and 12 rows), past a block of KC, added onto and overwriting
     let mut g = Gen(23);
-    for &(m, n, k) in &[(1, 5, 7), (5, 33, 40), (11, 64, 130), (13, 17, 513), (25, 256, 64), (30, 257, 9), (6, 300, 20)]
-    {
+    let shapes = [
+        (1, 5, 7),
+        (5, 33, 40),
+        (11, 64, 130),
+        (13, 17, 513),
+        (25, 256, 64),
+        (30, 257, 9),
+        (6, 300, 20),
+        (30, 300, 600),
+    ];
+    for &(m, n, k) in &shapes {
         let at = g.fill(k * m);
         let b = g.fill(k * n);
         let c0 = g.fill(m * n);
         let a: Vec<f32> = (0..m).flat_map(|i| (0..k).map(move |p| (i, p))).map(|(i, p)| at[p * m + i]).collect();
-        let mut want = c0.clone();
-        documented(m, n, k, &a, &b, &mut want, true);
+        let flipped: Vec<f32> =
+            (0..m).flat_map(|i| (0..k).map(move |p| (i, p))).map(|(i, p)| at[(k - 1 - p) * m + i]).collect();
         // A's rows listed in reverse from a copy with a gap after each row
         let gap = k + 3;
         let mut spaced = vec![f32::NAN; m * gap];
@@ -284,18 +294,30 @@ fn transposed_and_listed_a_read_in_place_on_every_tile_edge() {
             spaced[(m - 1 - i) * gap..(m - 1 - i) * gap + k].copy_from_slice(&a[i * k..(i + 1) * k]);
         }
         let rows: Vec<isize> = (0..m).map(|i| ((m - 1 - i) * gap) as isize).collect();
+        // the last contracting index's row of `at`, where the flipped A starts
+        let last = at[(k - 1) * m..].as_ptr();
         for isa in isas() {
-            for (what, am) in [
-                ("transposed", Mat { base: at.as_ptr(), rows: Rows::Stride(1), col: m as isize }),
-                ("listed", Mat { base: spaced.as_ptr(), rows: Rows::At(&rows), col: 1 }),
-            ] {
-                for parallel in [false, true] {
-                    let mut c = c0.clone();
-                    let bm = Mat { base: b.as_ptr(), rows: Rows::Stride(n as isize), col: 1 };
-                    let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
-                    // SAFETY: every element addressed lies in its slice.
-                    unsafe { sgemm(isa, m, n, k, am, bm, out, true, parallel) };
-                    assert_eq!(bits(&c), bits(&want), "{isa:?} {what} {m}x{n}x{k} parallel {parallel}");
+            let cases = [
+                ("transposed", &a, Mat { base: at.as_ptr(), rows: Rows::Stride(1), col: m as isize }),
+                ("flipped", &flipped, Mat { base: last, rows: Rows::Stride(1), col: -(m as isize) }),
+                ("listed", &a, Mat { base: spaced.as_ptr(), rows: Rows::At(&rows), col: 1 }),
+            ];
+            for (what, plain, am) in cases {
+                let bm = Mat { base: b.as_ptr(), rows: Rows::Stride(n as isize), col: 1 };
+                let kit = F32 { isa, a: am, b: bm };
+                let vector = isa != Isa::Plain && cfg!(target_arch = "x86_64");
+                assert_eq!(kit.a_in_place(n), vector && n <= IN_PLACE_COLUMNS, "{isa:?} {what} {m}x{n}x{k}");
+                for add in [true, false] {
+                    let mut want = c0.clone();
+                    documented(m, n, k, plain, &b, &mut want, add);
+                    for parallel in [false, true] {
+                        let mut c = c0.clone();
+                        let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
+                        // SAFETY: every element addressed lies in its slice.
+                        unsafe { sgemm(isa, m, n, k, am, bm, out, add, parallel) };
+                        let how = format!("{isa:?} {what} {m}x{n}x{k} add {add} parallel {parallel}");
+                        assert_eq!(bits(&c), bits(&want), "{how}");
+                    }
                 }
             }
         }
