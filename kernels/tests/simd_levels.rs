@@ -297,6 +297,22 @@ fn products_at_every_level() {
     }
 }
 
+/// The bf16 product of `ab` (m × k) and `bb` (k × n) at `simd` without init, after asserting
+/// that its bits are those of the same product onto an init of zeros.
+fn fresh_and_onto_zeros(simd: Simd, (m, n, k): (usize, usize, usize), ab: &[bf16], bb: &[bf16]) -> Vec<bf16> {
+    let (h, spec) = (host(simd), Contraction::matmul(0));
+    let aa = Array::<bf16>::from_vec(DEV, &[m, k], ab.to_vec()).unwrap();
+    let ba = Array::<bf16>::from_vec(DEV, &[k, n], bb.to_vec()).unwrap();
+    let (fresh, onto) = (Array::<bf16>::zeros(DEV, &[m, n]).unwrap(), Array::<bf16>::zeros(DEV, &[m, n]).unwrap());
+    let zeros = Array::<bf16>::zeros(DEV, &[m, n]).unwrap();
+    assert_eq!(h.contract(&spec, &fresh, &aa, &ba, None), Answer::Done);
+    assert_eq!(h.contract(&spec, &onto, &aa, &ba, Some(&zeros)), Answer::Done);
+    let (got, want) = (fresh.to_vec().unwrap(), onto.to_vec().unwrap());
+    let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want), "fresh and onto zeros at {simd}");
+    got
+}
+
 /// Past a block of the AMX tiles (k > 4096) a bf16 product without init runs through a fresh
 /// f32 accumulator read back plus +0: its outputs have the bits of adding onto zeros there too,
 /// where the tiles' running sum turns negative subnormal (output (0, 0): 2⁻¹²⁶ then −1.5·2⁻¹²⁶ a
@@ -321,18 +337,8 @@ fn amx_products_past_a_block_overwrite_with_the_bits_of_adding_onto_zeros() {
         })
         .collect();
     let bb: Vec<bf16> = (0..k * n).map(|i| bf16::from_f64(if i % n == 0 { half } else { val(i, 32) })).collect();
-    let spec = Contraction::matmul(0);
     for simd in [Simd::Avx512, Simd::Amx] {
-        let h = host(simd);
-        let aa = Array::<bf16>::from_vec(DEV, &[m, k], ab.clone()).unwrap();
-        let ba = Array::<bf16>::from_vec(DEV, &[k, n], bb.clone()).unwrap();
-        let (fresh, onto) = (Array::<bf16>::zeros(DEV, &[m, n]).unwrap(), Array::<bf16>::zeros(DEV, &[m, n]).unwrap());
-        let zeros = Array::<bf16>::zeros(DEV, &[m, n]).unwrap();
-        assert_eq!(h.contract(&spec, &fresh, &aa, &ba, None), Answer::Done);
-        assert_eq!(h.contract(&spec, &onto, &aa, &ba, Some(&zeros)), Answer::Done);
-        let (got, want) = (fresh.to_vec().unwrap(), onto.to_vec().unwrap());
-        let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got), bits(&want), "at {simd}");
+        let got = fresh_and_onto_zeros(simd, (m, n, k), &ab, &bb);
         let corner = if simd == Simd::Amx { 0 } else { bf16::from_f64(-(2f64.powi(-127))).to_bits() };
         assert_eq!(got[0].to_bits(), corner, "output (0, 0) at {simd}");
     }
@@ -347,21 +353,8 @@ fn large_bf16_products_overwrite_a_fresh_accumulator_with_the_bits_of_adding_ont
     let tiny = 2f64.powi(-100);
     let ab: Vec<bf16> = (0..m * k).map(|i| bf16::from_f64(if i < k { -tiny } else { val(i, 21) })).collect();
     let bb: Vec<bf16> = (0..k * n).map(|i| bf16::from_f64(if i % n == 0 { tiny } else { val(i, 22) })).collect();
-    let spec = Contraction::matmul(0);
     for simd in Simd::available_levels() {
-        let h = host(simd);
-        let aa = Array::<bf16>::from_vec(DEV, &[m, k], ab.clone()).unwrap();
-        let ba = Array::<bf16>::from_vec(DEV, &[k, n], bb.clone()).unwrap();
-        let (fresh, onto) = (Array::<bf16>::zeros(DEV, &[m, n]).unwrap(), Array::<bf16>::zeros(DEV, &[m, n]).unwrap());
-        let zeros = Array::<bf16>::zeros(DEV, &[m, n]).unwrap();
-        assert_eq!(h.contract(&spec, &fresh, &aa, &ba, None), Answer::Done);
-        assert_eq!(h.contract(&spec, &onto, &aa, &ba, Some(&zeros)), Answer::Done);
-        let (got, want_bits) = (fresh.to_vec().unwrap(), onto.to_vec().unwrap());
-        assert_eq!(
-            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            want_bits.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            "at {simd}"
-        );
+        let got = fresh_and_onto_zeros(simd, (m, n, k), &ab, &bb);
         assert_eq!(got[0].to_bits(), 0, "underflowed sum at {simd}");
         for i in (0..m).step_by(41) {
             for j in 0..n {
