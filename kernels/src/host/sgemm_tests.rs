@@ -323,3 +323,97 @@ fn transposed_and_listed_a_read_in_place_on_every_tile_edge() {
         }
     }
 }
+
+/// `n` f32s ending where an unreadable page starts, so that a read past them faults.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+struct Guarded {
+    map: *mut std::ffi::c_void,
+    len: usize,
+    n: usize,
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod guard_os {
+    use std::ffi::{c_int, c_long, c_void};
+    unsafe extern "C" {
+        pub(super) fn mmap(
+            a: *mut c_void,
+            len: usize,
+            prot: c_int,
+            flags: c_int,
+            fd: c_int,
+            off: c_long,
+        ) -> *mut c_void;
+        pub(super) fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int;
+        pub(super) fn munmap(a: *mut c_void, len: usize) -> c_int;
+    }
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+impl Guarded {
+    fn new(v: &[f32]) -> Guarded {
+        let page = 4096;
+        let data = (v.len() * 4).div_ceil(page) * page;
+        let len = data + page;
+        // SAFETY: a fresh private anonymous mapping, its last page made unreadable.
+        unsafe {
+            let map = guard_os::mmap(std::ptr::null_mut(), len, 0x1 | 0x2, 0x02 | 0x20, -1, 0);
+            assert!(map as isize != -1, "mmap");
+            assert_eq!(guard_os::mprotect(map.cast::<u8>().add(data).cast(), page, 0), 0, "mprotect");
+            let g = Guarded { map, len, n: v.len() };
+            std::ptr::copy_nonoverlapping(v.as_ptr(), g.ptr().cast_mut(), v.len());
+            g
+        }
+    }
+
+    fn ptr(&self) -> *const f32 {
+        // SAFETY: n f32s end at the guard page.
+        unsafe { self.map.cast::<u8>().add(self.len - 4096 - self.n * 4).cast() }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // SAFETY: mapped with this length in `new`, unmapped once.
+        unsafe { guard_os::munmap(self.map, self.len) };
+    }
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn a_read_in_place_is_not_read_past_its_last_entry() {
+    // A ending where an unreadable page starts: transposed (short last tiles read their own rows
+    // again, never the entries past row m - 1), flipped, and with entries at stride 1; a read
+    // past A faults and fails the test
+    let mut g = Gen(29);
+    for &(m, n, k) in &[(5, 40, 33), (13, 64, 600), (25, 256, 7), (1, 3, 2)] {
+        let a = g.fill(m * k);
+        let b = g.fill(k * n);
+        let at: Vec<f32> = (0..k).flat_map(|p| (0..m).map(move |i| (i, p))).map(|(i, p)| a[i * k + p]).collect();
+        let flipped: Vec<f32> =
+            (0..m).flat_map(|i| (0..k).map(move |p| (i, p))).map(|(i, p)| a[i * k + k - 1 - p]).collect();
+        let (ga, gat) = (Guarded::new(&a), Guarded::new(&at));
+        let mut want = vec![0f32; m * n];
+        documented(m, n, k, &a, &b, &mut want, false);
+        let mut want_flipped = vec![0f32; m * n];
+        documented(m, n, k, &flipped, &b, &mut want_flipped, false);
+        // SAFETY: the last contracting index's entries of the transposed A
+        let last = unsafe { gat.ptr().add((k - 1) * m) };
+        for isa in isas() {
+            let cases = [
+                ("rows", &want, Mat { base: ga.ptr(), rows: Rows::Stride(k as isize), col: 1 }),
+                ("transposed", &want, Mat { base: gat.ptr(), rows: Rows::Stride(1), col: m as isize }),
+                ("flipped", &want_flipped, Mat { base: last, rows: Rows::Stride(1), col: -(m as isize) }),
+            ];
+            for (what, want, am) in cases {
+                let mut c = vec![f32::NAN; m * n];
+                let bm = Mat { base: b.as_ptr(), rows: Rows::Stride(n as isize), col: 1 };
+                let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
+                // SAFETY: every element addressed lies in its allocation.
+                unsafe { sgemm(isa, m, n, k, am, bm, out, false, true) };
+                assert_eq!(bits(&c), bits(want), "{isa:?} {what} {m}x{n}x{k}");
+            }
+        }
+    }
+}
