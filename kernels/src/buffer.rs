@@ -32,17 +32,18 @@ pub const HOST_ALIGN: usize = 64;
 pub const HUGE_MIN: usize = 4 << 20;
 
 #[cfg(target_os = "linux")]
-mod os {
-    //! The three calls of glibc a huge-page mapping needs.
+pub(crate) mod os {
+    //! The three calls of glibc a huge-page mapping needs (and `mprotect`, for tests that place
+    //! memory before an unreadable page).
     use std::ffi::{c_int, c_long, c_void};
 
-    pub(super) const PROT_READ_WRITE: c_int = 0x1 | 0x2;
-    pub(super) const MAP_PRIVATE_ANONYMOUS: c_int = 0x02 | 0x20;
-    pub(super) const MAP_NORESERVE: c_int = 0x4000;
-    pub(super) const MADV_HUGEPAGE: c_int = 14;
+    pub(crate) const PROT_READ_WRITE: c_int = 0x1 | 0x2;
+    pub(crate) const MAP_PRIVATE_ANONYMOUS: c_int = 0x02 | 0x20;
+    pub(crate) const MAP_NORESERVE: c_int = 0x4000;
+    pub(crate) const MADV_HUGEPAGE: c_int = 14;
 
     unsafe extern "C" {
-        pub(super) fn mmap(
+        pub(crate) fn mmap(
             addr: *mut c_void,
             len: usize,
             prot: c_int,
@@ -50,8 +51,10 @@ mod os {
             fd: c_int,
             off: c_long,
         ) -> *mut c_void;
-        pub(super) fn munmap(addr: *mut c_void, len: usize) -> c_int;
-        pub(super) fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
+        pub(crate) fn munmap(addr: *mut c_void, len: usize) -> c_int;
+        pub(crate) fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
+        #[cfg(test)]
+        pub(crate) fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int;
     }
 }
 

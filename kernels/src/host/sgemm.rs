@@ -472,11 +472,12 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                     // SAFETY: the caller's contract: rows ic + q·mr.., columns pc.. of a.
                     unsafe { kit.pack_a(ic + q * mr, mr.min(mm - q * mr), pc, kc, panel) }
                 };
-                if in_place {
-                } else if threads > 1 && row_panels > 1 {
-                    ap.par_chunks_mut(deep * mr).enumerate().for_each(pack);
-                } else {
-                    ap.chunks_mut(deep * mr).enumerate().for_each(pack);
+                if !in_place {
+                    if threads > 1 && row_panels > 1 {
+                        ap.par_chunks_mut(deep * mr).enumerate().for_each(pack);
+                    } else {
+                        ap.chunks_mut(deep * mr).enumerate().for_each(pack);
+                    }
                 }
                 let ap: &[K::P] = ap;
                 // tasks of up to MC_PANELS row panels, and where they are fewer than 8 a thread,

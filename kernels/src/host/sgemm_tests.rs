@@ -333,21 +333,7 @@ struct Guarded {
 }
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-mod guard_os {
-    use std::ffi::{c_int, c_long, c_void};
-    unsafe extern "C" {
-        pub(super) fn mmap(
-            a: *mut c_void,
-            len: usize,
-            prot: c_int,
-            flags: c_int,
-            fd: c_int,
-            off: c_long,
-        ) -> *mut c_void;
-        pub(super) fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int;
-        pub(super) fn munmap(a: *mut c_void, len: usize) -> c_int;
-    }
-}
+use crate::buffer::os;
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 impl Guarded {
@@ -357,9 +343,9 @@ impl Guarded {
         let len = data + page;
         // SAFETY: a fresh private anonymous mapping, its last page made unreadable.
         unsafe {
-            let map = guard_os::mmap(std::ptr::null_mut(), len, 0x1 | 0x2, 0x02 | 0x20, -1, 0);
+            let map = os::mmap(std::ptr::null_mut(), len, os::PROT_READ_WRITE, os::MAP_PRIVATE_ANONYMOUS, -1, 0);
             assert!(map as isize != -1, "mmap");
-            assert_eq!(guard_os::mprotect(map.cast::<u8>().add(data).cast(), page, 0), 0, "mprotect");
+            assert_eq!(os::mprotect(map.cast::<u8>().add(data).cast(), page, 0), 0, "mprotect");
             let g = Guarded { map, len, n: v.len() };
             std::ptr::copy_nonoverlapping(v.as_ptr(), g.ptr().cast_mut(), v.len());
             g
@@ -376,7 +362,7 @@ impl Guarded {
 impl Drop for Guarded {
     fn drop(&mut self) {
         // SAFETY: mapped with this length in `new`, unmapped once.
-        unsafe { guard_os::munmap(self.map, self.len) };
+        unsafe { os::munmap(self.map, self.len) };
     }
 }
 
