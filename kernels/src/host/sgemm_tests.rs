@@ -403,3 +403,39 @@ fn a_read_in_place_is_not_read_past_its_last_entry() {
         }
     }
 }
+
+/// `split` keeps its bounds on every cut: runs within the rows and columns, a share within `fit`,
+/// the cut of a large product (or of any on one thread) its blocks of `mc_panels` rows by shares
+/// of `fit`, and a small product on several threads at least as many tasks as threads where it
+/// has the tiles for them, and not many more than its shares need.
+#[test]
+fn split_keeps_its_bounds() {
+    for threads in 1..=9 {
+        for rows in 1..=70 {
+            for panels in 1..=40 {
+                for fit in 1..=6 {
+                    let (blocks, shares) = split(rows, panels, threads, MC_PANELS, fit);
+                    let what = format!("{rows} row panels, {panels} column panels, {threads} threads, fit {fit}");
+                    assert!(
+                        (1..=rows).contains(&blocks) && (1..=panels).contains(&shares),
+                        "{what}: {blocks} × {shares}"
+                    );
+                    let (per_block, per_share) = (rows.div_ceil(blocks), panels.div_ceil(shares));
+                    assert!(per_share <= fit, "{what}: {per_share} column panels a task");
+                    let (b0, s0) = (rows.div_ceil(MC_PANELS), panels.div_ceil(fit));
+                    let tasks = rows.div_ceil(per_block) * panels.div_ceil(per_share);
+                    if threads == 1 || b0 * s0 >= 8 * threads {
+                        assert_eq!((blocks, shares), (b0, s0), "{what}");
+                    } else {
+                        assert!(tasks >= threads.min(rows * panels), "{what}: {tasks} tasks");
+                        assert!(tasks <= 2 * (2 * threads).max(s0 * threads).max(b0 * s0), "{what}: {tasks} tasks");
+                    }
+                }
+            }
+        }
+    }
+    // the measured cases: two threads, 512 rows (43 panels of 12) by 128 columns (4 of 32) in
+    // four runs of the rows; 128 rows (11 panels) by 128 columns in four shares of the columns
+    assert_eq!(split(43, 4, 2, MC_PANELS, 16), (4, 1));
+    assert_eq!(split(11, 4, 2, MC_PANELS, 4), (1, 4));
+}
