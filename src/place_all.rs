@@ -38,7 +38,8 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// gradient summed over `dp`) closed together, one all-reduce per group of devices instead of
     /// one per value. Each value's bits are those [`Tensor::place`] gives: a sum's association is
     /// per element (term order), whatever else shares its message. A value already at a placement
-    /// [`Placement::equal`] to its target keeps its windows (no copy). Answers the values in order.
+    /// [`Placement::equal`] to its target, or whose plan keeps every window (a sum of one term),
+    /// keeps its windows (no copy). Answers the values in order.
     ///
     /// ```
     /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
@@ -66,9 +67,17 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         }
         // values already at an equal placement are relabelled, not moved (as the optimizers did
         // before: no copy of a closed gradient); the others planned and placed together
-        let moved: Vec<usize> = (0..values.len()).filter(|&i| !values[i].placement.equal(to[i])).collect();
+        // (and so are those whose plan keeps every window: a sum of one term)
+        let mut moved = Vec::new();
+        let mut plans = Vec::new();
+        for i in (0..values.len()).filter(|&i| !values[i].placement.equal(to[i])) {
+            let plan = values[i].plan(to[i])?;
+            if !plan.keeps_windows() {
+                moved.push(i);
+                plans.push(plan);
+            }
+        }
         let Some(first) = values.first() else { return Ok(Vec::new()) };
-        let plans = moved.iter().map(|&i| values[i].plan(to[i])).collect::<Result<Vec<_>>>()?;
         let plans: Vec<&_> = plans.iter().collect();
         // strided windows copied dense first, as `place` does
         let dense: Vec<Option<Array<T>>> = moved

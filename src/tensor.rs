@@ -242,11 +242,18 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     }
 
     /// The same value at `to`: runs the plan's collectives (closing a partial value in term order).
+    /// Where the plan leaves every window as it is ([`Plan::keeps_windows`]: a sum of one term, a
+    /// partial value over mesh axes of extent 1) the answer holds this value's own windows, with no
+    /// copy and no message.
     ///
     /// # Errors
     /// As [`Tensor::plan`]; any collective's error.
     pub fn place(&self, to: &Placement<'d>) -> Result<Self> {
         let plan = self.plan(to)?;
+        if plan.keeps_windows() {
+            // every rank holds its window already (a sum of one term, say): no copy, no message
+            return Ok(self.clone().relabel(to.clone()));
+        }
         let (comm, groups, rig) = (self.ctx.comm(), self.ctx.groups(), self.ctx.rig());
         // the window read where it lies (a strided one copied dense first, in the pool); outputs
         // and messages from the pool

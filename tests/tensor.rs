@@ -511,3 +511,32 @@ fn zeros_at_every_placement() {
         .unwrap();
     }
 }
+
+/// A sum of one term (partial over a mesh axis of extent 1) closes where it lies: `place` and
+/// `place_all` answer the value's own windows (the same memory, no message); with two terms the
+/// closed value is new memory. The values against the f64 product either way.
+#[test]
+fn a_sum_of_one_term_closes_without_a_copy() {
+    for (dp, tp) in [(1, 1), (2, 1), (3, 1), (1, 2)] {
+        let (m, k, n) = (2 * dp + 1, 3 * tp + 1, 4);
+        let want = mm(m, k, n, a, b);
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+            let x = Tensor::<f64>::from_fn(ctx, &[m, k], &p("mesh(0:dp, 1:tp)")?, a)?;
+            let y = x.matmul(&Tensor::from_fn(ctx, &[k, n], &p("mesh(0:tp)")?, b)?)?;
+            assert_eq!(y.placement().to_string(), "partial(tp; 0:dp)");
+            let closed = y.placement().closed();
+            let one = y.place(&closed)?;
+            let all = Tensor::place_all(&[&y], &[&closed])?.remove(0);
+            for got in [&one, &all] {
+                assert!(got.placement().equal(&closed), "{}", got.placement());
+                let (g, v) = (got.to_local().expect("a window"), y.to_local().expect("a window"));
+                assert_eq!(g.buffer().overlaps(v.buffer()), tp == 1, "dp={dp}, tp={tp}");
+                assert!(close(&got.full()?.to_vec()?, &want));
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}

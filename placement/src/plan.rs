@@ -184,6 +184,18 @@ impl Plan {
         self.shape.iter().try_fold(self.elem_bytes as u64, |a, &n| a.checked_mul(n as u64)).unwrap_or(u64::MAX)
     }
 
+    /// Whether the plan leaves every device's elements as they are: no step moves a byte or fills
+    /// zeros, and each device's window at the target is its window at the source — a sum of one
+    /// term closing (a partial value over axes of extent 1), or another spelling of the same
+    /// windows. Such a plan's result is the value's own windows, relabelled, with no copy.
+    pub fn keeps_windows(&self) -> bool {
+        self.steps.iter().all(|s| {
+            (s.op != Op::ZeroFill || s.groups.iter().all(|g| g.is_empty()))
+                && s.bytes_sent.iter().chain(&s.bytes_received).all(|&b| b == 0)
+        }) && self.old == self.new
+            && self.need == self.new
+    }
+
     /// The plan's predicted time under `model`, in seconds.
     pub fn predicted_seconds(&self, model: &CostModel) -> f64 {
         self.steps
@@ -193,7 +205,8 @@ impl Plan {
                 let busiest = s.bytes_sent.iter().zip(&s.bytes_received).map(|(a, b)| *a.max(b)).max();
                 model.step_latency_seconds + busiest.unwrap_or(0) as f64 / model.link_bytes_per_second
             })
-            .sum()
+            // from +0: an empty `sum` of floats is −0, printed "-0.000 ms"
+            .fold(0.0, |a, b| a + b)
     }
 }
 

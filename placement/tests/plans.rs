@@ -144,3 +144,33 @@ fn equal_placements_plan_nothing() {
     })
     .unwrap();
 }
+
+#[test]
+fn a_sum_of_one_term_keeps_its_windows_and_any_other_move_does_not() {
+    Devices::with(Device::sims(4), |s| {
+        // axes of extent 1: a partial value over `tp` has one term a group
+        let m = Mesh::new(&s, &[("dp", 4), ("tp", 1)]).unwrap();
+        let one = Placement::partial(&m, &["tp"], &[]).unwrap();
+        let cut = Placement::mesh(&m, &[(0, &["dp"])]).unwrap();
+        let one_cut = Placement::partial(&m, &["tp"], &[(0, &["dp"])]).unwrap();
+        for (from, to) in [(&one, &one.closed()), (&one_cut, &cut), (&cut, &one_cut)] {
+            let pl = plan(from, to, &[9, 3], 4).unwrap();
+            assert!(pl.keeps_windows(), "{from} -> {to}: {pl}");
+            assert!(pl.bytes_sent().iter().chain(&pl.bytes_received()).all(|&b| b == 0));
+        }
+        // two terms: a sum to close; a zero fill; a slice; a gather
+        let m2 = Mesh::new(&s, &[("dp", 2), ("tp", 2)]).unwrap();
+        let two = Placement::partial(&m2, &["tp"], &[]).unwrap();
+        let on = Placement::on(&s);
+        for (from, to) in [
+            (&two, &two.closed()),
+            (&on, &two),
+            (&on, &Placement::split(0, &s).unwrap()),
+            (&Placement::split(0, &s).unwrap(), &on),
+        ] {
+            let pl = plan(from, to, &[9, 3], 4).unwrap();
+            assert!(!pl.keeps_windows(), "{from} -> {to}: {pl}");
+        }
+    })
+    .unwrap();
+}
