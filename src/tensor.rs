@@ -538,6 +538,53 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok(self.with_local(placement, shape, local))
     }
 
+    /// `self · other` (as [`Tensor::contract`]) plus `bias`, broadcast to the result by numpy's
+    /// rule (aligned to its trailing axes), in one kernel call: the bias, placed where the
+    /// result's windows are (as [`Tensor::add`] requires), is the contraction's initial value, so
+    /// each element is `bias + Σ` (an `f32` contraction of at most 512 indices, one block of the
+    /// host's product, so gives the bits of `self.contract(other)?.add(bias)`; a longer one adds
+    /// the bias before the later blocks' sums). Where the contraction leaves a sum (a
+    /// contracting axis cut), the sum is closed first ([`Tensor::place`]) and the bias added after.
+    ///
+    /// # Errors
+    /// As [`Tensor::contract`] and [`Tensor::add`].
+    pub fn contract_add(&self, other: &Tensor<'d, T>, spec: &Contraction, bias: &Tensor<'d, T>) -> Result<Self> {
+        const FUNC: &str = "nx::Tensor::contract_add";
+        let shape = spec.shape(&self.shape, &other.shape).map_err(|why| err(FUNC, why))?;
+        let placement = rules::contract(
+            FUNC,
+            &self.placement,
+            &other.placement,
+            self.shape.len(),
+            other.shape.len(),
+            &spec.batch,
+            &spec.contracting,
+        )?;
+        if placement.is_partial() || bias.placement.is_partial() {
+            let y = self.contract(other, spec)?;
+            let y = if y.placement.is_partial() { y.place(&y.placement.closed())? } else { y };
+            return y.add(bias);
+        }
+        rules::elementwise(FUNC, &placement, &shape, &bias.placement, &bias.shape)?;
+        let local = match (&self.local, &other.local, placement.window(&shape, self.ctx.index())?) {
+            (Some(a), Some(b), Some(w)) => {
+                let ws = window_shape(&w);
+                let init = bias
+                    .local
+                    .as_ref()
+                    .expect("a bias placed as the result holds a window where it does")
+                    .apply(&Move::Expand(ws.clone()))?
+                    .ok_or_else(|| err(FUNC, format!("a bias of shape {:?} for a result of {ws:?}", bias.shape)))?;
+                let dst = Array::<T>::uninit_on(self.ctx.rig(), &ws)?;
+                let ops: [&dyn nx_kernels::Operand; 3] = [a, b, &init];
+                check(FUNC, self.ctx.host().contract(spec, &dst, a, b, Some(&init)), &ops)?;
+                Some(dst)
+            }
+            _ => None,
+        };
+        Ok(self.with_local(placement, shape, local))
+    }
+
     /// The 2-D transpose; the cuts follow their axes.
     ///
     /// # Errors

@@ -160,6 +160,28 @@ fn column_and_row_parallel_matmul() {
 }
 
 #[test]
+fn contractions_plus_a_bias_column_and_row_parallel() {
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let spec = Contraction { batch: vec![], contracting: vec![(2, 0)] };
+        let x = mk.leaf(ctx, &[3, 2, 7], &Placement::mesh(m, &[(0, &["a"])])?, 1)?;
+        // column-parallel: the bias cut as the columns, the product's initial value
+        let w1 = mk.leaf(ctx, &[7, 5], &Placement::mesh(m, &[(1, &["b"])])?, 2)?;
+        let b1 = mk.leaf(ctx, &[5], &Placement::mesh(m, &[(0, &["b"])])?, 3)?;
+        let h = x.contract_add(&w1, &spec, &b1)?.tanh()?;
+        // row-parallel: a sum over b closed, then the replicated bias added
+        let w2 = mk.leaf(ctx, &[5, 3], &Placement::mesh(m, &[(0, &["b"])])?, 4)?;
+        let b2 = mk.leaf(ctx, &[3], &Placement::mesh(m, &[])?, 5)?;
+        let y = h.contract_add(&w2, &spec, &b2)?;
+        assert!(!y.placement().is_partial());
+        // a bias broadcast over its leading axis too ([1, 3] against [3, 2, 3])
+        let b3 = mk.leaf(ctx, &[1, 3], &Placement::mesh(m, &[])?, 6)?;
+        let z = h.contract_add(&w2, &spec, &b3)?;
+        weighted(ctx, &y, 9)?.add(&weighted(ctx, &z, 10)?)
+    }
+    check(case, ALL, false);
+}
+
+#[test]
 fn contractions_of_rank_three_and_batched() {
     fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
         let x = mk.leaf(ctx, &[3, 2, 5], &Placement::mesh(m, &[(0, &["a"])])?, 1)?;

@@ -540,3 +540,59 @@ fn a_sum_of_one_term_closes_without_a_copy() {
         .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
     }
 }
+
+/// `contract_add`: the bias the product's initial value, on meshes of 1–6 devices, column- and
+/// row-parallel, uneven sizes, against the f64 product plus bias; in f32 over at most 512
+/// contracting indices the bits of `contract` then `add`, past that within f32's rounding; a bias
+/// placed otherwise than the result's columns is refused naming both placements.
+#[test]
+fn contract_add_starts_the_product_from_the_bias() {
+    let bias = |i: &[usize]| 0.25 * i[0] as f64 - 1.0;
+    for (dp, tp) in [(1, 1), (1, 2), (2, 1), (2, 2), (3, 2), (2, 3)] {
+        for k in [3 * tp + 1, 600] {
+            let (m, n) = (2 * dp * tp + 1, 2 * tp + 1);
+            let prod = mm(m, k, n, a, b);
+            let want: Vec<f64> = (0..m * n).map(|e| prod[e] + bias(&[e % n])).collect();
+            launch_with(&opts(dp * tp), |ctx| {
+                let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+                let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+                let spec = nx::kernels::Contraction { batch: vec![], contracting: vec![(1, 0)] };
+                let f = |t: &Tensor<'_, f32>| -> nx::Result<Vec<f64>> {
+                    Ok(t.full()?.to_vec()?.into_iter().map(f64::from).collect())
+                };
+                let near = |got: &[f64]| {
+                    got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-5 * k as f64 * (1.0 + w.abs()))
+                };
+                let x = Tensor::<f32>::from_fn(ctx, &[m, k], &p("mesh(0:dp)")?, |i| a(i) as f32)?;
+                // column-parallel: the bias cut as the columns
+                let w = Tensor::<f32>::from_fn(ctx, &[k, n], &p("mesh(1:tp)")?, |i| b(i) as f32)?;
+                let bc = Tensor::<f32>::from_fn(ctx, &[n], &p("mesh(0:tp)")?, |i| bias(i) as f32)?;
+                let y = x.contract_add(&w, &spec, &bc)?;
+                assert_eq!(y.placement().to_string(), "mesh(0:dp, 1:tp)");
+                let two = x.contract(&w, &spec)?.add(&bc)?;
+                let (gy, g2) = (f(&y)?, f(&two)?);
+                assert!(near(&gy), "k={k}: {gy:?}");
+                if k <= 512 {
+                    assert_eq!(
+                        gy.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        g2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    );
+                }
+                // row-parallel: a sum over tp closed, the replicated bias added after
+                let xr = Tensor::<f32>::from_fn(ctx, &[m, k], &p("mesh(0:dp, 1:tp)")?, |i| a(i) as f32)?;
+                let wr = Tensor::<f32>::from_fn(ctx, &[k, n], &p("mesh(0:tp)")?, |i| b(i) as f32)?;
+                let br = Tensor::<f32>::from_fn(ctx, &[n], &p("mesh()")?, |i| bias(i) as f32)?;
+                let y = xr.contract_add(&wr, &spec, &br)?;
+                assert_eq!(y.placement().to_string(), "mesh(0:dp)");
+                assert!(near(&f(&y)?));
+                // the whole bias against columns cut over tp: refused
+                if tp > 1 {
+                    let e = x.contract_add(&w, &spec, &br).unwrap_err().to_string();
+                    assert!(e.contains("contract_add") && e.contains("mesh(0:dp, 1:tp)"), "{e}");
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("dp={dp},tp={tp},k={k}: {e}"));
+        }
+    }
+}

@@ -36,6 +36,7 @@
 //! | `add`, `sub`, `scale`, `add_scalar` | the incoming gradient (summed over broadcast axes: a sum over the mesh axes that cut them) |
 //! | `mul`, `div`, pointwise (`relu`, `gelu`, `silu`, `tanh`, `exp`, `log`, `rsqrt`, …) | at the output's placement (closed first) |
 //! | `contract`, `matmul` | contractions of the gradient with the other operand: a sum over the mesh axes that cut the other operand's free axes (Megatron's `f`/`g` all-reduces, placed lazily) |
+//! | `contract_add` (a `Linear` with a bias: the bias the product's initial value) | `contract`'s for the operands; the bias's as `add`'s (summed over its broadcast axes) |
 //! | `sum`, `mean` | the gradient expanded along the axis, at `closed(P)` |
 //! | `max` | to the maxima, split evenly among ties (across ranks where the axis is cut); a NaN row's gradient is NaN |
 //! | `reshape`, `permute`, `narrow`, `concat` | the inverse move (`narrow`: zero padding) |

@@ -355,6 +355,30 @@ impl<'d, T: Reducible> Var<'d, T> {
         }))
     }
 
+    /// `self · other + bias` ([`Tensor::contract_add`]: the bias the product's initial value, one
+    /// kernel call). Its gradients are those of [`Var::contract`] and of [`Var::add`]: the
+    /// output's gradient contracted with the other operand, and summed down to the bias's shape.
+    ///
+    /// # Errors
+    /// As [`Tensor::contract_add`]; a variable of another tape.
+    pub fn contract_add(&self, other: &Var<'d, T>, spec: &Contraction, bias: &Var<'d, T>) -> Result<Self> {
+        self.check_tape("nx::autodiff::Var::contract_add", other)?;
+        self.check_tape("nx::autodiff::Var::contract_add", bias)?;
+        let out = self.value.contract_add(&other.value, spec, &bias.value)?;
+        let (a, b) = (self.value.clone(), other.value.clone());
+        let (da, db, dc) = (self.id.is_some(), other.id.is_some(), bias.id.is_some());
+        let (sc, pc) = (bias.value.shape.clone(), bias.value.placement.clone());
+        let p = out.placement.clone();
+        let spec = spec.clone();
+        Ok(self.tape.record(out, &[self, other, bias], move |g| {
+            let g = fit(g, &p)?;
+            let ga = if da { Some(contract_grad(&g, &b, &spec, a.shape.len(), false)?) } else { None };
+            let gb = if db { Some(contract_grad(&g, &a, &spec, b.shape.len(), true)?) } else { None };
+            let gc = if dc { Some(like(sum_to(g, &sc)?, &pc)?) } else { None };
+            Ok(vec![ga, gb, gc])
+        }))
+    }
+
     /// The sum over `axis` ([`Tensor::sum`]).
     ///
     /// # Errors

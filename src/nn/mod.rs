@@ -264,12 +264,14 @@ impl Linear {
                 format!("{}: an input of shape {:?} for {} features", self.name, x.shape(), self.d_in),
             ));
         }
-        let mut y = x.contract(w, &Contraction { batch: vec![], contracting: vec![(r - 1, 0)] })?;
-        if y.placement().is_partial() {
-            y = y.place(&y.placement().closed())?;
-        }
+        let spec = Contraction { batch: vec![], contracting: vec![(r - 1, 0)] };
         if self.bias {
-            y = y.add(p.get(&format!("{}.b", self.name))?)?;
+            // the bias the product's initial value (a sum over tp closed first)
+            return x.contract_add(w, &spec, p.get(&format!("{}.b", self.name))?);
+        }
+        let y = x.contract(w, &spec)?;
+        if y.placement().is_partial() {
+            return y.place(&y.placement().closed());
         }
         Ok(y)
     }

@@ -15,6 +15,7 @@ use crate::door::{identical, Operand};
 use crate::dtype::convert::{f32_to_bf16, f32_to_f16};
 use crate::dtype::fp8::{F8E4M3, F8E5M2};
 use crate::layout::{extent_product, Layout, Move};
+use crate::runs::Runs;
 use crate::Contraction;
 use crate::{Answer, Dtype, Element, Simd};
 
@@ -277,10 +278,26 @@ unsafe fn start<T: Element>(dst: &dyn Operand, init: Option<&dyn Operand>) {
             if identical(i.layout(), i.dtype().size(), dst.layout(), dst.dtype().size())
                 && i.buffer().memory_id() == dst.buffer().memory_id() => {}
         Some(i) => {
-            let src = Ptr::of(i);
-            for (k, p) in i.layout().positions().enumerate() {
-                // SAFETY: the caller's contract.
-                unsafe { T::store(out.at(T::DTYPE, off + k as isize), T::load(src.at(T::DTYPE, p))) }
+            // a run of the innermost axes at a time: a copy where init's run is contiguous, one
+            // value repeated where it is broadcast (a bias's rows)
+            let (src, l) = (Ptr::of(i), i.layout());
+            let dense = crate::layout::contiguous_strides(l.shape()).expect("the destination's shape fits");
+            let mut runs = Runs::new(l.shape(), [l.strides(), &dense], [l.offset(), off], 0, l.numel());
+            let [ss, ds] = runs.inner_strides();
+            while let Some(([p, q], n)) = runs.next_run() {
+                if ss == 1 && ds == 1 {
+                    // SAFETY: the caller's contract; n elements contiguous in both, init's and
+                    // the destination's bytes disjoint (the door's overlap check).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.at(T::DTYPE, p), out.at(T::DTYPE, q), n * T::DTYPE.size())
+                    }
+                    continue;
+                }
+                for e in 0..n as isize {
+                    // SAFETY: the caller's contract; positions of init's checked layout and of the
+                    // C-contiguous destination.
+                    unsafe { T::store(out.at(T::DTYPE, q + e * ds), T::load(src.at(T::DTYPE, p + e * ss))) }
+                }
             }
         }
         None => {
