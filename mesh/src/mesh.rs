@@ -180,6 +180,12 @@ impl<'d> Mesh<'d> {
         MeshSpec { axes: self.axes.to_vec() }
     }
 
+    /// Whether `other` has this mesh's axes (names and extents, in order): `self.spec() ==
+    /// other.spec()` without building either spec.
+    pub fn same_axes(&self, other: &Mesh<'_>) -> bool {
+        Arc::ptr_eq(&self.axes, &other.axes) || self.axes[..] == other.axes[..]
+    }
+
     /// The axes (name, extent), major first.
     pub fn axes(&self) -> &[(String, usize)] {
         &self.axes

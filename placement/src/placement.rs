@@ -425,7 +425,18 @@ impl<'d> Placement<'d> {
         if !self.devices().same_list(other.devices()) {
             return false;
         }
+        if self.same_spelling(other) {
+            return true;
+        }
         (0..self.devices().len()).all(|d| self.signature(d) == other.signature(d))
+    }
+
+    /// Whether `other` is this placement written the same way over a mesh of the same axes
+    /// (`self.spec() == other.spec()` with equal meshes), checked without building either spec.
+    /// Placements so spelled over one device set are [`Placement::equal`]; equal ones may be
+    /// spelled otherwise (`split(0)` and `mesh(0:x)`).
+    pub fn same_spelling<'e>(&self, other: &Placement<'e>) -> bool {
+        self.form == other.form && self.mesh.same_axes(&other.mesh)
     }
 
     /// What decides device `d`'s window for any shape, and its term and group.

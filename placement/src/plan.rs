@@ -193,7 +193,6 @@ impl Plan {
             (s.op != Op::ZeroFill || s.groups.iter().all(|g| g.is_empty()))
                 && s.bytes_sent.iter().chain(&s.bytes_received).all(|&b| b == 0)
         }) && self.old == self.new
-            && self.need == self.new
     }
 
     /// The plan's predicted time under `model`, in seconds.
@@ -466,7 +465,7 @@ impl Ctx<'_, '_, '_> {
         }
         let mesh = self.from.mesh_of();
         let all: Vec<usize> = (0..mesh.rank()).collect();
-        if mesh.spec() == self.to.mesh_of().spec() {
+        if mesh.same_axes(self.to.mesh_of()) {
             let a = roles(&self.from.cuts(), mesh.rank());
             let b = roles(&self.to.closed().cuts(), mesh.rank());
             let changed: Vec<usize> = all.iter().copied().filter(|&m| a[m] != b[m]).collect();

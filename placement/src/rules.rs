@@ -104,7 +104,7 @@ pub fn contract<'d>(
     contracting: &[(usize, usize)],
 ) -> Result<Placement<'d>> {
     let fail = |why: String| Error::Rule { func, why };
-    if a.mesh_of().spec() != b.mesh_of().spec() || !a.devices().same_list(b.devices()) {
+    if !a.mesh_of().same_axes(b.mesh_of()) || !a.devices().same_list(b.devices()) {
         return Err(fail(format!("operands over different meshes: {a:#} and {b:#}")));
     }
     if a.is_partial() || b.is_partial() {
@@ -351,7 +351,7 @@ pub fn gather<'d>(
     index_rank: usize,
 ) -> Result<Placement<'d>> {
     let on_index = matches!(ip.spec(), PlacementSpec::On);
-    if !on_index && p.mesh_of().spec() != ip.mesh_of().spec() {
+    if !on_index && !p.mesh_of().same_axes(ip.mesh_of()) {
         return Err(Error::Rule {
             func,
             why: format!("the value at {p} and the index at {ip} are over different meshes"),
@@ -402,7 +402,7 @@ pub fn scatter<'d>(func: &'static str, p: &Placement<'d>, axis: usize, ip: &Plac
     let icut = if matches!(ip.spec(), PlacementSpec::On) {
         Vec::new()
     } else {
-        if p.mesh_of().spec() != ip.mesh_of().spec() {
+        if !p.mesh_of().same_axes(ip.mesh_of()) {
             return Err(Error::Rule {
                 func,
                 why: format!("the value at {p} and the index at {ip} are over different meshes"),

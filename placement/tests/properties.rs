@@ -268,6 +268,39 @@ proptest! {
     }
 
     #[test]
+    fn a_plan_keeps_its_windows_exactly_when_no_element_changes((mesh, shape, a, b) in arb_case()) {
+        let from = spec_from(&a, &mesh, shape.len());
+        let to = spec_from(&b, &mesh, shape.len());
+        with_placements(&mesh, &[&from, &to], |ps| {
+            let pl = plan(&ps[0], &ps[1], &shape, 4).unwrap();
+            let n = ps[0].devices().len();
+            let axes = named(&mesh);
+            // the reference's windows alone: every device's window the same at both placements
+            let same = (0..n).all(|d| window_of(&from, &axes, &shape, d) == window_of(&to, &axes, &shape, d));
+            // a sum of more than one term a group (its closing or a zero fill changes elements)
+            let terms = |s: &PlacementSpec| match s {
+                PlacementSpec::Partial { sums, .. } => {
+                    sums.iter().map(|m| axes.iter().find(|a| &a.0 == m).expect("a mesh axis").1).product()
+                }
+                _ => 1usize,
+            };
+            if pl.keeps_windows() {
+                prop_assert!(same, "{}", pl);
+                prop_assert!(pl.bytes_sent().iter().chain(&pl.bytes_received()).all(|&x| x == 0), "{}", pl);
+            }
+            if same && terms(&from) == 1 && terms(&to) == 1 {
+                prop_assert!(pl.keeps_windows(), "{}", pl);
+            }
+            // the spelling: the same spec over one mesh, and then equal
+            prop_assert_eq!(ps[0].same_spelling(&ps[1]), ps[0].spec() == ps[1].spec());
+            if ps[0].same_spelling(&ps[1]) {
+                prop_assert!(ps[0].equal(&ps[1]) && pl.steps.is_empty() && pl.keeps_windows(), "{}", pl);
+            }
+            Ok(())
+        })?;
+    }
+
+    #[test]
     fn plans_between_two_sets_receive_the_floor((mesh, shape, a, b) in arb_case(), extra in 1usize..3) {
         let from = spec_from(&a, &mesh, shape.len());
         let n = mesh.size();

@@ -308,7 +308,7 @@ impl<'d, T: Reducible> Var<'d, T> {
                 ),
             ));
         }
-        if t.placement.mesh_of().spec() != ids.placement.mesh_of().spec() {
+        if !t.placement.mesh_of().same_axes(ids.placement.mesh_of()) {
             return Err(err(
                 FUNC,
                 format!("the table at {:#} and ids at {:#} are over different meshes", t.placement, ids.placement),

@@ -15,7 +15,7 @@ use crate::{Placement, Result, Tensor};
 /// propagation rules, which compare mesh axis names, meet the spelling they expect.
 pub(crate) fn fit<'d, T: Reducible>(g: Tensor<'d, T>, p: &Placement<'d>) -> Result<Tensor<'d, T>> {
     let p = p.closed();
-    if g.placement.spec() == p.spec() {
+    if g.placement.same_spelling(&p) || g.placement.spec() == p.spec() {
         Ok(g)
     } else if g.placement.equal(&p) {
         Ok(g.relabel(p))
@@ -26,7 +26,7 @@ pub(crate) fn fit<'d, T: Reducible>(g: Tensor<'d, T>, p: &Placement<'d>) -> Resu
 
 /// `g` where its cuts are `p`'s (a sum allowed, for linear rules), else placed at `closed(p)`.
 pub(crate) fn like<'d, T: Reducible>(g: Tensor<'d, T>, p: &Placement<'d>) -> Result<Tensor<'d, T>> {
-    if g.placement.closed().spec() == p.closed().spec() {
+    if g.placement.same_spelling(p) || g.placement.closed().spec() == p.closed().spec() {
         Ok(g)
     } else {
         fit(g, p)
