@@ -279,7 +279,11 @@ impl<'d> Placement<'d> {
 
     /// The highest tensor axis the placement cuts, if any.
     pub fn max_axis(&self) -> Option<usize> {
-        self.cuts().iter().map(|c| c.0).max()
+        match &self.form {
+            Form::On | Form::Device(_) => None,
+            Form::Split(a) => Some(*a),
+            Form::Mesh { cuts } | Form::Partial { cuts, .. } => cuts.iter().map(|c| c.0).max(),
+        }
     }
 
     /// Checks that a value of `shape` can lie at this placement.
@@ -304,18 +308,33 @@ impl<'d> Placement<'d> {
         if let Form::Device(k) = self.form {
             return (k == index).then(Vec::new);
         }
-        let coords = self.mesh.coords_of(index).expect("index within the set");
-        let extents = self.mesh.extents();
+        let axes = self.mesh.axes();
         let mut out = Vec::new();
-        for (axis, at) in self.cuts() {
+        let mut push = |axis: usize, at: &[usize]| {
             let (mut ways, mut num) = (1, 0);
-            for m in at {
-                ways *= extents[m];
-                num = num * extents[m] + coords[m];
+            for &m in at {
+                ways *= axes[m].1;
+                num = num * axes[m].1 + self.coord(index, m);
             }
             out.push((axis, ways, num));
+        };
+        match &self.form {
+            Form::On | Form::Device(_) => {}
+            Form::Split(a) => push(*a, &[0]),
+            Form::Mesh { cuts } | Form::Partial { cuts, .. } => {
+                for (axis, at) in cuts {
+                    push(*axis, at);
+                }
+            }
         }
         Some(out)
+    }
+
+    /// Device `index`'s coordinate along mesh axis `m` (row-major, the last axis fastest).
+    fn coord(&self, index: usize, m: usize) -> usize {
+        let axes = self.mesh.axes();
+        let after: usize = axes[m + 1..].iter().map(|a| a.1).product();
+        index / after % axes[m].1
     }
 
     /// The window of a value of `shape` that device number `index` holds: a range per tensor
@@ -372,9 +391,8 @@ impl<'d> Placement<'d> {
 
     pub(crate) fn term_unchecked(&self, index: usize) -> Option<usize> {
         let Form::Partial { sums, .. } = &self.form else { return None };
-        let coords = self.mesh.coords_of(index).expect("index within the set");
-        let extents = self.mesh.extents();
-        Some(sums.iter().fold(0, |t, &m| t * extents[m] + coords[m]))
+        let axes = self.mesh.axes();
+        Some(sums.iter().fold(0, |t, &m| t * axes[m].1 + self.coord(index, m)))
     }
 
     /// The number of terms of a partial value (1 if it is no sum).
