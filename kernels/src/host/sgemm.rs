@@ -284,11 +284,12 @@ pub(crate) trait Kit: Sync {
         false
     }
     /// The tile of `A`'s rows `i..i + mv` from contracting index `p0`, read where they lie, and a
-    /// `B` panel of `kc` groups, added to (`add`) or stored into the first `mv` rows' first `nv`
-    /// columns at `dst`.
+    /// `B` panel of `kc` rows (packed, or `B`'s own: [`Kit::b_at`]), added to (`add`) or stored
+    /// into the first `mv` rows' first `nv` columns at `dst`.
     ///
     /// # Safety
-    /// As [`Kit::run`]; [`Kit::a_in_place`] holds and those `kc` entries of `A`'s rows are live.
+    /// As [`Kit::run`]; [`Kit::a_in_place`] holds, those `kc` entries of `A`'s rows are live and
+    /// `b` addresses `kc` live rows of the tile's columns.
     #[allow(clippy::too_many_arguments)]
     unsafe fn run_in_place(
         &self,
@@ -296,7 +297,7 @@ pub(crate) trait Kit: Sync {
         i: usize,
         mv: usize,
         p0: usize,
-        b: &[Self::P],
+        b: Panel<Self::P>,
         dst: &Dst<Self::O>,
         nv: usize,
         add: bool,
@@ -304,6 +305,23 @@ pub(crate) trait Kit: Sync {
         let _ = (kc, i, mv, p0, b, dst, nv, add);
         unreachable!("run_in_place of a kit that packs A");
     }
+    /// Where the tiles that read `A` in place read `B` in place too: its entry at contracting
+    /// index `p`, column `j`, as the start of a panel whose rows lie `ld` apart (a whole panel of
+    /// the tile's columns read from there, no packing); `None` where `B`'s panels are packed.
+    ///
+    /// # Safety
+    /// That entry is live.
+    unsafe fn b_at(&self, p: usize, j: usize) -> Option<Panel<Self::P>> {
+        let _ = (p, j);
+        None
+    }
+}
+
+/// A `B` panel a tile reads: row `p` (the tile's columns) at `ptr + p · ld`.
+#[derive(Clone, Copy)]
+pub(crate) struct Panel<P> {
+    pub(crate) ptr: *const P,
+    pub(crate) ld: isize,
 }
 
 /// The most columns of a product whose `f32` tiles read `A`'s rows in place.
@@ -349,6 +367,20 @@ impl Kit for F32<'_> {
         cfg!(target_arch = "x86_64") && (self.a.col == 1 || across) && self.isa != Isa::Plain && n <= IN_PLACE_COLUMNS
     }
 
+    unsafe fn b_at(&self, p: usize, j: usize) -> Option<Panel<f32>> {
+        // `B`'s rows at a stride, their entries at stride 1: a panel's rows are 32 (or 16) of
+        // them side by side, read by the tile's row loads as a packed panel's are (same FMAs,
+        // same bits); only whole panels, so no load passes a row's end
+        match self.b.rows {
+            Rows::Stride(ld) if self.b.col == 1 && self.isa != Isa::Plain => {
+                // SAFETY: the caller's contract: the entry is live.
+                let ptr = unsafe { self.b.base.offset(p as isize * ld + j as isize) };
+                Some(Panel { ptr, ld })
+            }
+            _ => None,
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     unsafe fn run_in_place(
         &self,
@@ -356,12 +388,12 @@ impl Kit for F32<'_> {
         i: usize,
         mv: usize,
         p0: usize,
-        b: &[f32],
+        b: Panel<f32>,
         dst: &Dst,
         nv: usize,
         add: bool,
     ) {
-        debug_assert!(self.a_in_place(0) && (1..=self.isa.tile().0).contains(&mv) && b.len() >= kc * self.isa.tile().1);
+        debug_assert!(self.a_in_place(0) && (1..=self.isa.tile().0).contains(&mv) && kc > 0);
         let dst12 = first12(dst);
         if self.a.col != 1 {
             // a transposed `A`: the tile's rows side by side at each contracting index; rows past
@@ -374,14 +406,10 @@ impl Kit for F32<'_> {
             // SAFETY: the caller's contract; the kit's tile runs where `Isa::of` found its features.
             unsafe {
                 return match (self.isa, full) {
-                    (Isa::Avx512, true) => {
-                        x86::tile512(kc, x86::Across(base, self.a.col), b.as_ptr(), dst12, mv, nv, add)
-                    }
-                    (_, true) => x86::tile256(kc, x86::Across(base, self.a.col), b.as_ptr(), dst12, mv, nv, add),
-                    (Isa::Avx512, false) => {
-                        x86::tile512(kc, x86::Short(base, self.a.col, mv), b.as_ptr(), dst12, mv, nv, add)
-                    }
-                    (_, false) => x86::tile256(kc, x86::Short(base, self.a.col, mv), b.as_ptr(), dst12, mv, nv, add),
+                    (Isa::Avx512, true) => x86::tile512(kc, x86::Across(base, self.a.col), b, dst12, mv, nv, add),
+                    (_, true) => x86::tile256(kc, x86::Across(base, self.a.col), b, dst12, mv, nv, add),
+                    (Isa::Avx512, false) => x86::tile512(kc, x86::Short(base, self.a.col, mv), b, dst12, mv, nv, add),
+                    (_, false) => x86::tile256(kc, x86::Short(base, self.a.col, mv), b, dst12, mv, nv, add),
                 };
             }
         }
@@ -395,10 +423,10 @@ impl Kit for F32<'_> {
         // SAFETY: the caller's contract; the kit's tile runs where `Isa::of` found its features.
         unsafe {
             match self.isa {
-                Isa::Avx512 => x86::tile512(kc, x86::InPlace(&rows), b.as_ptr(), dst12, mv, nv, add),
+                Isa::Avx512 => x86::tile512(kc, x86::InPlace(&rows), b, dst12, mv, nv, add),
                 _ => {
                     let six: &[*const f32; 6] = rows[..6].try_into().expect("6 of 12 rows");
-                    x86::tile256(kc, x86::InPlace(six), b.as_ptr(), dst12, mv, nv, add)
+                    x86::tile256(kc, x86::InPlace(six), b, dst12, mv, nv, add)
                 }
             }
         }
@@ -447,6 +475,10 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
     let mut packed_b = Aligned::<K::P>::new(deep * nc_max.min(n.div_ceil(nr) * nr));
     // A read in place (the f32 tiles: entries at stride 1, or a transposed A) needs no panels
     let in_place = kit.a_in_place(n);
+    // and there, B's whole column panels too where its rows' entries lie at stride 1: only a
+    // last panel of fewer columns is packed
+    // SAFETY: the caller's contract: B's entry (0, 0) is live (k and n are not 0).
+    let b_in_place = in_place && unsafe { kit.b_at(0, 0) }.is_some();
     let mut packed_a = Aligned::<K::P>::new(if in_place { 0 } else { deep * m.min(m_chunk).div_ceil(mr) * mr });
     for jc in (0..n).step_by(nc_max) {
         let nc = nc_max.min(n - jc);
@@ -459,7 +491,12 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                 // SAFETY: the caller's contract: rows pc.., columns jc + q·nr.. of b.
                 unsafe { kit.pack_b(pc, kc, jc + q * nr, nr.min(nc - q * nr), panel) }
             };
-            if threads > 1 && panels > 1 {
+            if b_in_place {
+                if nc % nr != 0 {
+                    let last = panels - 1;
+                    pack((last, &mut bp[last * deep * nr..]));
+                }
+            } else if threads > 1 && panels > 1 {
                 bp.par_chunks_mut(deep * nr).enumerate().for_each(pack);
             } else {
                 bp.chunks_mut(deep * nr).enumerate().for_each(pack);
@@ -497,6 +534,8 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                         for p in p0..p1 {
                             let (j, nv) = (jc + p * nr, nr.min(nc - p * nr));
                             let bpanel = &bp[p * deep * nr..(p + 1) * deep * nr];
+                            // SAFETY: the caller's contract: B's entry (pc, j) is live.
+                            let b_own = if b_in_place && nv == nr { unsafe { kit.b_at(pc, j) } } else { None };
                             let mut dst: Dst<K::O> = [std::ptr::null_mut(); MR_MAX];
                             for (r, d) in dst.iter_mut().enumerate().take(mv) {
                                 // SAFETY: the caller's contract: row i + r, column j lie in c.
@@ -506,7 +545,8 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                             // first mv rows hold nv elements.
                             unsafe {
                                 if in_place {
-                                    kit.run_in_place(kc, i, mv, pc, bpanel, &dst, nv, onto)
+                                    let packed = Panel { ptr: bpanel.as_ptr(), ld: nr as isize };
+                                    kit.run_in_place(kc, i, mv, pc, b_own.unwrap_or(packed), &dst, nv, onto)
                                 } else {
                                     kit.run(deep, apanel, bpanel, &dst, mv, nv, onto)
                                 }
@@ -659,9 +699,13 @@ pub(crate) unsafe fn tile(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::tile512(kc, x86::Packed::<12>(a.as_ptr()), b.as_ptr(), dst, mv, nv, add),
+            Isa::Avx512 => {
+                x86::tile512(kc, x86::Packed::<12>(a.as_ptr()), Panel { ptr: b.as_ptr(), ld: 32 }, dst, mv, nv, add)
+            }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::tile256(kc, x86::Packed::<6>(a.as_ptr()), b.as_ptr(), dst, mv, nv, add),
+            Isa::Avx2 => {
+                x86::tile256(kc, x86::Packed::<6>(a.as_ptr()), Panel { ptr: b.as_ptr(), ld: 16 }, dst, mv, nv, add)
+            }
             _ => tile_plain(kc, a, b, dst, mv, nv, add),
         }
     }

@@ -404,6 +404,50 @@ fn a_read_in_place_is_not_read_past_its_last_entry() {
     }
 }
 
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn b_read_in_place_is_not_read_past_its_last_entry() {
+    // B's rows at a stride with entries at stride 1, read in place as whole panels (A read in
+    // place too): ending where an unreadable page starts, its rows flipped (the first row last in
+    // memory), and a window of a wider matrix; a last panel of fewer columns is packed. A read
+    // past B faults and fails the test; the bits are the documented association's.
+    let mut g = Gen(31);
+    for &(m, n, k) in &[(5, 64, 33), (13, 100, 7), (12, 256, 600), (1, 32, 2), (30, 17, 40)] {
+        let a = g.fill(m * k);
+        let b = g.fill(k * n);
+        let flipped: Vec<f32> = (0..k).rev().flat_map(|p| b[p * n..(p + 1) * n].to_vec()).collect();
+        let wide: Vec<f32> =
+            (0..k).flat_map(|p| [vec![9.0; 3], b[p * n..(p + 1) * n].to_vec(), vec![7.0; 2]].concat()).collect();
+        let (gb, gf) = (Guarded::new(&b), Guarded::new(&flipped));
+        let mut want = vec![0f32; m * n];
+        documented(m, n, k, &a, &b, &mut want, false);
+        for isa in isas() {
+            // SAFETY: the flipped matrix's row k - 1 is B's row 0; the window's columns start at 3
+            let cases = unsafe {
+                [
+                    ("rows", Mat { base: gb.ptr(), rows: Rows::Stride(n as isize), col: 1 }),
+                    ("flipped", Mat { base: gf.ptr().add((k - 1) * n), rows: Rows::Stride(-(n as isize)), col: 1 }),
+                    ("window", Mat { base: wide.as_ptr().add(3), rows: Rows::Stride(n as isize + 5), col: 1 }),
+                ]
+            };
+            for (what, bm) in cases {
+                let am = Mat { base: a.as_ptr(), rows: Rows::Stride(k as isize), col: 1 };
+                let kit = F32 { isa, a: am, b: bm };
+                // SAFETY: entry (0, 0) is live.
+                let own = kit.a_in_place(n) && unsafe { kit.b_at(0, 0) }.is_some();
+                assert_eq!(own, isa != Isa::Plain, "{isa:?} {what}: B read in place");
+                for parallel in [false, true] {
+                    let mut c = vec![f32::NAN; m * n];
+                    let out = Out { base: c.as_mut_ptr(), rows: Rows::Stride(n as isize) };
+                    // SAFETY: every element addressed lies in its allocation.
+                    unsafe { sgemm(isa, m, n, k, am, bm, out, false, parallel) };
+                    assert_eq!(bits(&c), bits(&want), "{isa:?} {what} {m}x{n}x{k} parallel {parallel}");
+                }
+            }
+        }
+    }
+}
+
 /// `split` keeps its bounds on every cut: runs within the rows and columns, a share within `fit`,
 /// the cut of a large product (or of any on one thread) its blocks of `mc_panels` rows by shares
 /// of `fit`, and a small product on several threads at least as many tasks as threads where it

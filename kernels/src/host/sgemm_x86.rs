@@ -43,8 +43,8 @@ pub(crate) unsafe fn store(acc: &[[__m512; 2]; 12], dst: &[*mut f32; 12], mv: us
     }
 }
 
-/// How far ahead of its loads the AVX-512 tile asks for the `B` panel, in elements.
-const PREFETCH_B: usize = 32 * 24;
+/// How far ahead of its loads the AVX-512 tile asks for the `B` panel, in rows of the panel.
+const PREFETCH_ROWS: isize = 24;
 
 /// Where a tile reads `A`: element `(r, p)` of its rows.
 pub(crate) trait Src: Copy {
@@ -105,15 +105,16 @@ impl Src for Short {
     }
 }
 
-/// The AVX-512 tile: 12 rows × 32 columns in 24 registers.
+/// The AVX-512 tile: 12 rows × 32 columns in 24 registers; `B`'s row `p` (32 entries) at
+/// `b.ptr + p · b.ld` (a packed panel's `ld` is 32; `B`'s own rows where it is read in place).
 ///
 /// # Safety
-/// As [`super::tile`], on a CPU with AVX-512F; `a` holds 12 rows of `kc` entries.
+/// As [`super::tile`], on a CPU with AVX-512F; `a` holds 12 rows of `kc` entries, `b` `kc` rows.
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn tile512<S: Src>(
     kc: usize,
     a: S,
-    b: *const f32,
+    b: super::Panel<f32>,
     dst: &[*mut f32; 12],
     mv: usize,
     nv: usize,
@@ -126,11 +127,13 @@ pub(crate) unsafe fn tile512<S: Src>(
             prefetch(dst, mv);
         }
         for p in 0..kc {
+            let row = b.ptr.offset(p as isize * b.ld);
             // the B panel streams from the second cache level: ask for its lines ahead
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * 32 + PREFETCH_B).cast());
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * 32 + PREFETCH_B + 16).cast());
-            let b0 = _mm512_loadu_ps(b.add(p * 32));
-            let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
+            let ahead = row.wrapping_offset(PREFETCH_ROWS * b.ld);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16).cast());
+            let b0 = _mm512_loadu_ps(row);
+            let b1 = _mm512_loadu_ps(row.add(16));
             for (r, s) in acc.iter_mut().enumerate() {
                 let x = _mm512_set1_ps(a.at(p, r));
                 s[0] = _mm512_fmadd_ps(x, b0, s[0]);
@@ -141,15 +144,16 @@ pub(crate) unsafe fn tile512<S: Src>(
     }
 }
 
-/// The AVX2 tile: 6 rows × 16 columns in 12 registers.
+/// The AVX2 tile: 6 rows × 16 columns in 12 registers; `B`'s row `p` (16 entries) at
+/// `b.ptr + p · b.ld`.
 ///
 /// # Safety
-/// As [`super::tile`], on a CPU with AVX2 and FMA.
+/// As [`super::tile`], on a CPU with AVX2 and FMA; `b` holds `kc` rows.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn tile256<S: Src>(
     kc: usize,
     a: S,
-    b: *const f32,
+    b: super::Panel<f32>,
     dst: &[*mut f32; 12],
     mv: usize,
     nv: usize,
@@ -159,8 +163,9 @@ pub(crate) unsafe fn tile256<S: Src>(
     // SAFETY: the caller's contract: kc·6 and kc·16 elements.
     unsafe {
         for p in 0..kc {
-            let b0 = _mm256_loadu_ps(b.add(p * 16));
-            let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
+            let row = b.ptr.offset(p as isize * b.ld);
+            let b0 = _mm256_loadu_ps(row);
+            let b1 = _mm256_loadu_ps(row.add(8));
             for (r, s) in acc.iter_mut().enumerate() {
                 let x = _mm256_set1_ps(a.at(p, r));
                 s[0] = _mm256_fmadd_ps(x, b0, s[0]);
