@@ -243,8 +243,8 @@ impl<'d, T: Reducible> Tensor<'d, T> {
 
     /// The same value at `to`: runs the plan's collectives (closing a partial value in term order).
     /// Where the plan leaves every window as it is ([`Plan::keeps_windows`]: a sum of one term, a
-    /// partial value over mesh axes of extent 1) the answer holds this value's own windows, with no
-    /// copy and no message.
+    /// partial value over mesh axes of extent 1, or at an equal placement) the answer holds this
+    /// value's own windows, with no copy and no message.
     ///
     /// # Errors
     /// As [`Tensor::plan`]; any collective's error.
@@ -545,11 +545,17 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// host's product, so gives the bits of `self.contract(other)?.add(bias)`; a longer one adds
     /// the bias before the later blocks' sums). Where the contraction leaves a sum (a
     /// contracting axis cut), the sum is closed first ([`Tensor::place`]) and the bias added after.
+    /// The bias is never moved (the opt-in automatic placement of [`Tensor::add`] does not apply):
+    /// place it first.
     ///
     /// # Errors
-    /// As [`Tensor::contract`] and [`Tensor::add`].
+    /// As [`Tensor::contract`] and [`Tensor::add`]; a partial bias; a collective's error closing a
+    /// sum.
     pub fn contract_add(&self, other: &Tensor<'d, T>, spec: &Contraction, bias: &Tensor<'d, T>) -> Result<Self> {
         const FUNC: &str = "nx::Tensor::contract_add";
+        if bias.placement.is_partial() {
+            return Err(err(FUNC, format!("a partial bias ({}): close it with place first", bias.placement)));
+        }
         let shape = spec.shape(&self.shape, &other.shape).map_err(|why| err(FUNC, why))?;
         let placement = rules::contract(
             FUNC,
@@ -560,7 +566,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             &spec.batch,
             &spec.contracting,
         )?;
-        if placement.is_partial() || bias.placement.is_partial() {
+        if placement.is_partial() {
             let y = self.contract(other, spec)?;
             let y = if y.placement.is_partial() { y.place(&y.placement.closed())? } else { y };
             return y.add(bias);

@@ -585,6 +585,12 @@ fn contract_add_starts_the_product_from_the_bias() {
                 let y = xr.contract_add(&wr, &spec, &br)?;
                 assert_eq!(y.placement().to_string(), "mesh(0:dp)");
                 assert!(near(&f(&y)?));
+                // a partial bias: refused by name
+                let part = Tensor::<f32>::from_fn(ctx, &[n], &p("partial(dp)")?, |i| bias(i) as f32)?;
+                if dp > 1 {
+                    let e = x.contract_add(&w, &spec, &part).unwrap_err().to_string();
+                    assert!(e.contains("contract_add") && e.contains("partial bias"), "{e}");
+                }
                 // the whole bias against columns cut over tp: refused
                 if tp > 1 {
                     let e = x.contract_add(&w, &spec, &br).unwrap_err().to_string();
@@ -593,6 +599,55 @@ fn contract_add_starts_the_product_from_the_bias() {
                 Ok(())
             })
             .unwrap_or_else(|e| panic!("dp={dp},tp={tp},k={k}: {e}"));
+        }
+    }
+}
+
+/// `contract_add` on windows that are empty (fewer columns than `tp`, fewer rows than `dp`) and
+/// on a rank-3 operand with a `[1, n]` bias broadcast over two leading axes, in f32, against
+/// the f64 product plus bias.
+#[test]
+fn contract_add_on_empty_windows_and_rank_three() {
+    let bias = |i: &[usize]| 0.5 * i[i.len() - 1] as f64 - 0.75;
+    for (dp, tp) in [(2, 3), (3, 2), (1, 4)] {
+        for (m, n) in [(1, 2), (dp + 1, 1), (0, 3)] {
+            let k = 5;
+            let prod = mm(m, k, n, a, b);
+            launch_with(&opts(dp * tp), |ctx| {
+                let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+                let p = |s: &str| -> nx::Result<Placement<'_>> { Ok(s.parse::<PlacementSpec>()?.over(&mesh)?) };
+                let spec = nx::kernels::Contraction { batch: vec![], contracting: vec![(1, 0)] };
+                let x = Tensor::<f32>::from_fn(ctx, &[m, k], &p("mesh(0:dp)")?, |i| a(i) as f32)?;
+                let w = Tensor::<f32>::from_fn(ctx, &[k, n], &p("mesh(1:tp)")?, |i| b(i) as f32)?;
+                let bc = Tensor::<f32>::from_fn(ctx, &[n], &p("mesh(0:tp)")?, |i| bias(i) as f32)?;
+                let got = x.contract_add(&w, &spec, &bc)?.full()?.to_vec()?;
+                assert_eq!(got.len(), m * n);
+                for (e, g) in got.iter().enumerate() {
+                    let want = prod[e] + bias(&[e % n]);
+                    assert!(
+                        (f64::from(*g) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{m}x{n} element {e}: {g} vs {want}"
+                    );
+                }
+                // rank 3: [2, m, k] · [k, n] + [1, n], the batch axis cut over dp
+                let x3 =
+                    Tensor::<f32>::from_fn(ctx, &[2, m, k], &p("mesh(0:dp)")?, |i| (a(&i[1..]) + i[0] as f64) as f32)?;
+                let b2 = Tensor::<f32>::from_fn(ctx, &[1, n], &p("mesh(1:tp)")?, |i| bias(i) as f32)?;
+                let spec3 = nx::kernels::Contraction { batch: vec![], contracting: vec![(2, 0)] };
+                let got = x3.contract_add(&w, &spec3, &b2)?.full()?.to_vec()?;
+                assert_eq!(got.len(), 2 * m * n);
+                let bsum: Vec<f64> = (0..n).map(|j| (0..k).map(|q| b(&[q, j])).sum()).collect();
+                for (e, g) in got.iter().enumerate() {
+                    let (h, rest) = (e / (m * n).max(1), e % (m * n).max(1));
+                    let want = prod[rest] + h as f64 * bsum[rest % n] + bias(&[0, rest % n]);
+                    assert!(
+                        (f64::from(*g) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "rank 3 {m}x{n} element {e}: {g} vs {want}"
+                    );
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("dp={dp},tp={tp},{m}x{n}: {e}"));
         }
     }
 }

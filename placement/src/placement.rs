@@ -332,6 +332,7 @@ impl<'d> Placement<'d> {
 
     /// Device `index`'s coordinate along mesh axis `m` (row-major, the last axis fastest).
     fn coord(&self, index: usize, m: usize) -> usize {
+        debug_assert!(index < self.mesh.len(), "device {index} of a mesh of {}", self.mesh.len());
         let axes = self.mesh.axes();
         let after: usize = axes[m + 1..].iter().map(|a| a.1).product();
         index / after % axes[m].1

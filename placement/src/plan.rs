@@ -186,8 +186,9 @@ impl Plan {
 
     /// Whether the plan leaves every device's elements as they are: no step moves a byte or fills
     /// zeros, and each device's window at the target is its window at the source — a sum of one
-    /// term closing (a partial value over axes of extent 1), or another spelling of the same
-    /// windows. Such a plan's result is the value's own windows, relabelled, with no copy.
+    /// term closing (a partial value over axes of extent 1), a partial value kept at an equal
+    /// placement, or another spelling of the same windows. Such a plan's result is the value's own
+    /// windows, relabelled, with no copy.
     pub fn keeps_windows(&self) -> bool {
         self.steps.iter().all(|s| {
             (s.op != Op::ZeroFill || s.groups.iter().all(|g| g.is_empty()))

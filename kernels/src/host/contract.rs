@@ -281,7 +281,11 @@ unsafe fn start<T: Element>(dst: &dyn Operand, init: Option<&dyn Operand>) {
             // a run of the innermost axes at a time: a copy where init's run is contiguous, one
             // value repeated where it is broadcast (a bias's rows)
             let (src, l) = (Ptr::of(i), i.layout());
-            let dense = crate::layout::contiguous_strides(l.shape()).expect("the destination's shape fits");
+            // the C-contiguous destination's strides (its shape is init's, and fits: dst exists)
+            let mut dense = vec![1isize; l.shape().len()];
+            for d in (0..dense.len().saturating_sub(1)).rev() {
+                dense[d] = dense[d + 1] * l.shape()[d + 1] as isize;
+            }
             let mut runs = Runs::new(l.shape(), [l.strides(), &dense], [l.offset(), off], 0, l.numel());
             let [ss, ds] = runs.inner_strides();
             while let Some(([p, q], n)) = runs.next_run() {

@@ -14,12 +14,14 @@
 //! ways. In a product of at most [`IN_PLACE_COLUMNS`] columns (shapes here are m × k × n), where
 //! too few column panels share a packed panel to pay for it, the vector tiles read `A` where it
 //! lies: each row's entries at stride 1 (`col == 1`) through a pointer a row, or a transposed `A`
-//! (its rows side by side, `Rows::Stride(1)`) through one pointer a contracting index. Otherwise
+//! (its rows side by side, `Rows::Stride(1)`) through one pointer a contracting index; and there
+//! `B`'s whole column panels are read where they lie too where its rows' entries lie at stride 1
+//! ([`Kit::b_at`]: no packing pass; a last panel of fewer columns is packed). Otherwise
 //! each [`MCHUNK`] rows of `A` are packed into panels of the tile's height over the pool (fewer
 //! columns or rows at a time where a deep block's panels would pass [`KEPT_BYTES`]). Tasks of up
 //! to [`MC_PANELS`] row panels and a share of the column panels (at most [`Kit::b_share`] bytes
-//! of them, [`B_SHARE_BYTES`] but for the AMX kit's, and more shares where the tasks would be
-//! fewer than 8 a thread) run the tile kernel over every pair, an `A` panel (12 × 512: 24 KiB,
+//! of them, [`B_SHARE_BYTES`] but for the AMX kit's; a product of fewer tasks than 8 a thread is
+//! cut as [`split`] says) run the tile kernel over every pair, an `A` panel (12 × 512: 24 KiB,
 //! the first level of cache) against each of the task's `B` panels in turn (from the second,
 //! which must hold them all: on the Intel VM, shares of 2 MiB, its whole second level, had them
 //! come from the third, and 2048³ ran at 218 GFLOP/s against 295 with shares of 256 KiB, 512 KiB
@@ -472,13 +474,14 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
     // deep blocks (the AMX kit's) do not fault in fresh packing buffers every product
     let fits = |r: usize| (KEPT_BYTES - 64) / (deep * r * size_of::<K::P>()).max(1) * r;
     let (nc_max, m_chunk) = (NC.min(fits(nr)).max(nr), MCHUNK.min(fits(mr)).max(mr));
-    let mut packed_b = Aligned::<K::P>::new(deep * nc_max.min(n.div_ceil(nr) * nr));
     // A read in place (the f32 tiles: entries at stride 1, or a transposed A) needs no panels
     let in_place = kit.a_in_place(n);
     // and there, B's whole column panels too where its rows' entries lie at stride 1: only a
-    // last panel of fewer columns is packed
+    // last panel of fewer columns is packed, the one panel the buffer then holds
     // SAFETY: the caller's contract: B's entry (0, 0) is live (k and n are not 0).
     let b_in_place = in_place && unsafe { kit.b_at(0, 0) }.is_some();
+    let b_panels = if b_in_place { 1 } else { nc_max.min(n.div_ceil(nr) * nr) / nr };
+    let mut packed_b = Aligned::<K::P>::new(deep * b_panels * nr);
     let mut packed_a = Aligned::<K::P>::new(if in_place { 0 } else { deep * m.min(m_chunk).div_ceil(mr) * mr });
     for jc in (0..n).step_by(nc_max) {
         let nc = nc_max.min(n - jc);
@@ -486,15 +489,14 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
         for pc in (0..k).step_by(block) {
             let kc = block.min(k - pc);
             let deep = kit.depth(kc);
-            let bp = packed_b.slice(deep * panels * nr);
+            let bp = packed_b.slice(deep * panels.min(b_panels) * nr);
             let pack = |(q, panel): (usize, &mut [K::P])| {
                 // SAFETY: the caller's contract: rows pc.., columns jc + q·nr.. of b.
                 unsafe { kit.pack_b(pc, kc, jc + q * nr, nr.min(nc - q * nr), panel) }
             };
             if b_in_place {
                 if nc % nr != 0 {
-                    let last = panels - 1;
-                    pack((last, &mut bp[last * deep * nr..]));
+                    pack((panels - 1, bp));
                 }
             } else if threads > 1 && panels > 1 {
                 bp.par_chunks_mut(deep * nr).enumerate().for_each(pack);
@@ -533,7 +535,8 @@ pub(crate) unsafe fn drive<K: Kit>(kit: &K, m: usize, n: usize, k: usize, c: Out
                         let apanel = if in_place { &ap[..0] } else { &ap[q * deep * mr..(q + 1) * deep * mr] };
                         for p in p0..p1 {
                             let (j, nv) = (jc + p * nr, nr.min(nc - p * nr));
-                            let bpanel = &bp[p * deep * nr..(p + 1) * deep * nr];
+                            // (B read in place: the buffer's one panel is the last, packed)
+                            let bpanel = if b_in_place { bp } else { &bp[p * deep * nr..(p + 1) * deep * nr] };
                             // SAFETY: the caller's contract: B's entry (pc, j) is live.
                             let b_own = if b_in_place && nv == nr { unsafe { kit.b_at(pc, j) } } else { None };
                             let mut dst: Dst<K::O> = [std::ptr::null_mut(); MR_MAX];

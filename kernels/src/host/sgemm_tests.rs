@@ -410,7 +410,8 @@ fn b_read_in_place_is_not_read_past_its_last_entry() {
     // B's rows at a stride with entries at stride 1, read in place as whole panels (A read in
     // place too): ending where an unreadable page starts, its rows flipped (the first row last in
     // memory), and a window of a wider matrix; a last panel of fewer columns is packed. A read
-    // past B faults and fails the test; the bits are the documented association's.
+    // past B's guarded end faults and fails the test; every case's bits are the documented
+    // association's (the window's, against its padding columns, checks the bits alone).
     let mut g = Gen(31);
     for &(m, n, k) in &[(5, 64, 33), (13, 100, 7), (12, 256, 600), (1, 32, 2), (30, 17, 40)] {
         let a = g.fill(m * k);

@@ -109,7 +109,8 @@ impl Src for Short {
 /// `b.ptr + p · b.ld` (a packed panel's `ld` is 32; `B`'s own rows where it is read in place).
 ///
 /// # Safety
-/// As [`super::tile`], on a CPU with AVX-512F; `a` holds 12 rows of `kc` entries, `b` `kc` rows.
+/// As [`super::tile`], on a CPU with AVX-512F; `a` holds 12 rows of `kc` entries, `b` `kc` rows
+/// of 32 live entries at stride `b.ld`.
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn tile512<S: Src>(
     kc: usize,
@@ -121,7 +122,8 @@ pub(crate) unsafe fn tile512<S: Src>(
     add: bool,
 ) {
     let mut acc = [[_mm512_setzero_ps(); 2]; 12];
-    // SAFETY: the caller's contract: kc·12 and kc·32 elements.
+    // SAFETY: the caller's contract: 12 rows of kc entries of A, kc rows of 32 entries of B at
+    // stride b.ld.
     unsafe {
         if add {
             prefetch(dst, mv);
@@ -148,7 +150,8 @@ pub(crate) unsafe fn tile512<S: Src>(
 /// `b.ptr + p · b.ld`.
 ///
 /// # Safety
-/// As [`super::tile`], on a CPU with AVX2 and FMA; `b` holds `kc` rows.
+/// As [`super::tile`], on a CPU with AVX2 and FMA; `b` holds `kc` rows of 16 live entries at
+/// stride `b.ld`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn tile256<S: Src>(
     kc: usize,
@@ -160,7 +163,8 @@ pub(crate) unsafe fn tile256<S: Src>(
     add: bool,
 ) {
     let mut acc = [[_mm256_setzero_ps(); 2]; 6];
-    // SAFETY: the caller's contract: kc·6 and kc·16 elements.
+    // SAFETY: the caller's contract: 6 rows of kc entries of A, kc rows of 16 entries of B at
+    // stride b.ld.
     unsafe {
         for p in 0..kc {
             let row = b.ptr.offset(p as isize * b.ld);
