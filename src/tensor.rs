@@ -516,16 +516,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// differently on the two sides; a mesh axis that would cut two result axes; partial operands.
     pub fn contract(&self, other: &Tensor<'d, T>, spec: &Contraction) -> Result<Self> {
         const FUNC: &str = "nx::Tensor::contract";
-        let shape = spec.shape(&self.shape, &other.shape).map_err(|why| err(FUNC, why))?;
-        let placement = rules::contract(
-            FUNC,
-            &self.placement,
-            &other.placement,
-            self.shape.len(),
-            other.shape.len(),
-            &spec.batch,
-            &spec.contracting,
-        )?;
+        let (shape, placement) = self.contracted(FUNC, other, spec)?;
         let local = match (&self.local, &other.local, placement.window(&shape, self.ctx.index())?) {
             (Some(a), Some(b), Some(w)) => {
                 let dst = Array::<T>::uninit_on(self.ctx.rig(), &window_shape(&w))?;
@@ -536,6 +527,26 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             _ => None,
         };
         Ok(self.with_local(placement, shape, local))
+    }
+
+    /// The shape and placement of `self · other` under `spec` (the contraction rule), for `func`.
+    fn contracted(
+        &self,
+        func: &'static str,
+        other: &Tensor<'d, T>,
+        spec: &Contraction,
+    ) -> Result<(Vec<usize>, Placement<'d>)> {
+        let shape = spec.shape(&self.shape, &other.shape).map_err(|why| err(func, why))?;
+        let placement = rules::contract(
+            func,
+            &self.placement,
+            &other.placement,
+            self.shape.len(),
+            other.shape.len(),
+            &spec.batch,
+            &spec.contracting,
+        )?;
+        Ok((shape, placement))
     }
 
     /// `self · other` (as [`Tensor::contract`]) plus `bias`, broadcast to the result by numpy's
@@ -556,16 +567,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         if bias.placement.is_partial() {
             return Err(err(FUNC, format!("a partial bias ({}): close it with place first", bias.placement)));
         }
-        let shape = spec.shape(&self.shape, &other.shape).map_err(|why| err(FUNC, why))?;
-        let placement = rules::contract(
-            FUNC,
-            &self.placement,
-            &other.placement,
-            self.shape.len(),
-            other.shape.len(),
-            &spec.batch,
-            &spec.contracting,
-        )?;
+        let (shape, placement) = self.contracted(FUNC, other, spec)?;
         if placement.is_partial() {
             let y = self.contract(other, spec)?;
             let y = if y.placement.is_partial() { y.place(&y.placement.closed())? } else { y };
