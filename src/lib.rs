@@ -23,6 +23,7 @@
 //! .unwrap();
 //! ```
 
+mod attention;
 pub mod autodiff;
 pub mod ckpt;
 pub mod dry;

@@ -1,6 +1,7 @@
 //! `Tensor` ops along an axis: scans, sorts, gathers and scatters, concatenation and stacking,
-//! softmax. Each runs on each rank's window where the placement leaves the axis whole (an axis cut
-//! over mesh axes is an error naming the placement: place it whole first).
+//! softmax (attention is in `attention.rs`). Each runs on each rank's window where the placement
+//! leaves the axis whole (an axis cut over mesh axes is an error naming the placement: place it
+//! whole first).
 //!
 //! | op | operands | result |
 //! |---|---|---|
@@ -11,11 +12,10 @@
 //! | `concat`, `stack` | placed alike, axis whole | the same placement (`stack`: the new axis whole) |
 //! | `softmax`, `log_softmax` | axis whole, not partial | the same placement |
 //! | `pad(lo, hi, fill)` | padded axes whole; partial only with fill 0 (linear) | the same placement |
-//! | `attention(k, v)` | `q`, `k`, `v` `[lead…, heads, rows, d]` placed alike (lead and head axes may be cut, rows and d whole), not partial | `q`'s placement |
 
 use nx_collectives::Reducible;
 use nx_kernels::prog::{Prog, UnOp};
-use nx_kernels::{Array, Attention, Dtype, Kernels, Kv, Move, Operand, Reduction, Scatter};
+use nx_kernels::{Array, Kernels, Move, Operand, Reduction, Scatter};
 
 use crate::tensor::{check, err, parts, window_shape};
 use nx_placement::rules;
@@ -458,97 +458,6 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             None => None,
         };
         Ok(self.with_local(self.placement.clone(), self.shape.clone(), local))
-    }
-
-    /// Scaled dot-product attention of query rows `self` `[lead…, hq, tq, dk]` against keys `k`
-    /// `[lead…, hk, tk, dk]` and values `v` `[lead…, hk, tk, dv]` (`hk` dividing `hq`: grouped
-    /// query heads), scores scaled by `scale` (`1/√dk` where `None`), causal (row `i` sees keys
-    /// up to `i`, as `torch`'s `is_causal`) or not, in `f64` for `f64` values and `f32`
-    /// otherwise, online (flash-style). Heads cut over mesh axes run on each rank's heads
-    /// (Megatron's attention): no communication.
-    ///
-    /// ```
-    /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
-    /// // heads over the two devices
-    /// let p = nx::Placement::split(1, ctx.devices())?;
-    /// let q = nx::Tensor::<f32>::from_fn(ctx, &[1, 2, 3, 4], &p, |i| (i[2] + i[3]) as f32 * 0.1)?;
-    /// let o = q.attention(&q, &q, true, None)?;
-    /// assert_eq!(o.shape(), [1, 2, 3, 4]);
-    /// // the first row sees only the first key: its value
-    /// assert_eq!(o.full()?.to_vec()?[..4], [0.0, 0.1, 0.2, 0.3]);
-    /// # Ok(()) }).unwrap();
-    /// ```
-    ///
-    /// # Errors
-    /// Ranks below 3 or shapes that do not fit; operands placed differently, partial, or with
-    /// rows or features cut; heads cut so that a rank's query heads are not the groups of its key
-    /// heads.
-    pub fn attention(&self, k: &Tensor<'d, T>, v: &Tensor<'d, T>, causal: bool, scale: Option<f64>) -> Result<Self> {
-        const FUNC: &str = "nx::Tensor::attention";
-        let r = self.shape.len();
-        if r < 3 || k.shape.len() != r || v.shape.len() != r {
-            return Err(err(
-                FUNC,
-                format!("q {:?}, k {:?}, v {:?}: [lead…, heads, rows, d] of one rank", self.shape, k.shape, v.shape),
-            ));
-        }
-        let (hq, hk) = (self.shape[r - 3], k.shape[r - 3]);
-        let fits = self.shape[..r - 3] == k.shape[..r - 3]
-            && v.shape[..r - 1] == k.shape[..r - 1]
-            && self.shape[r - 1] == k.shape[r - 1]
-            && hk > 0
-            && hq % hk == 0;
-        if !fits {
-            return Err(err(FUNC, format!("q {:?}, k {:?}, v {:?} do not fit", self.shape, k.shape, v.shape)));
-        }
-        for t in [k, v] {
-            if !t.placement.equal(&self.placement) {
-                return Err(err(
-                    FUNC,
-                    format!("q at {}, an operand at {}: place them alike", self.placement, t.placement),
-                ));
-            }
-        }
-        self.whole(FUNC, r - 2, false)?;
-        self.whole(FUNC, r - 1, false)?;
-        let mut shape = self.shape.clone();
-        shape[r - 1] = v.shape[r - 1];
-        // every device's query heads must be the groups of its key heads (checked for all, so
-        // that every rank answers alike)
-        let group = hq / hk;
-        for u in 0..self.ctx.devices().len() {
-            if let (Some(qw), Some(kw)) = (self.placement.window(&self.shape, u)?, k.placement.window(&k.shape, u)?) {
-                let (qh, kh) = (&qw[r - 3], &kw[r - 3]);
-                if qh.start != kh.start * group || qh.len() != kh.len() * group {
-                    return Err(err(
-                        FUNC,
-                        format!("query heads {qh:?} are not the groups of key heads {kh:?} on device {u}: cut the heads so each device's are whole groups"),
-                    ));
-                }
-            }
-        }
-        let local = match (&self.local, &k.local, &v.local) {
-            (Some(q), Some(kl), Some(vl)) => {
-                let acc = if T::DTYPE == Dtype::F64 { Dtype::F64 } else { Dtype::F32 };
-                let dk = self.shape[r - 1];
-                let spec =
-                    Attention { scale: scale.unwrap_or(1.0 / (dk as f64).sqrt()), causal: causal.then_some(0), acc };
-                let mut os = q.shape().to_vec();
-                os[r - 1] = vl.shape()[r - 1];
-                let o = Array::<T>::uninit_on(self.ctx.rig(), &os)?;
-                let answer = if acc == Dtype::F64 {
-                    let lse = Array::<f64>::uninit_on(self.ctx.rig(), &os[..r - 1])?;
-                    self.ctx.host().attention(&spec, &o, &lse, q, Kv::Dense { k: kl, v: vl }, None)
-                } else {
-                    let lse = Array::<f32>::uninit_on(self.ctx.rig(), &os[..r - 1])?;
-                    self.ctx.host().attention(&spec, &o, &lse, q, Kv::Dense { k: kl, v: vl }, None)
-                };
-                check(FUNC, answer, &[q, kl, vl])?;
-                Some(o)
-            }
-            _ => None,
-        };
-        Ok(self.with_local(self.placement.clone(), shape, local))
     }
 
     /// `self` with `lo[i]` elements of `fill` before axis i and `hi[i]` after (a negative count

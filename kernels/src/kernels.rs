@@ -241,6 +241,30 @@ pub enum Kv<'a> {
     },
 }
 
+/// The operands of an attention's gradient ([`Kernels::attention_grad`]): the forward's dense
+/// operands and outputs, the gradient of its output, and the three gradients it writes.
+#[derive(Clone, Copy)]
+pub struct AttentionGrad<'a> {
+    /// The query rows `[lead…, hq, tq, dk]`.
+    pub q: &'a dyn Operand,
+    /// The keys `[lead…, hk, tk, dk]`.
+    pub k: &'a dyn Operand,
+    /// The values `[lead…, hk, tk, dv]`.
+    pub v: &'a dyn Operand,
+    /// The forward's output `[lead…, hq, tq, dv]`.
+    pub o: &'a dyn Operand,
+    /// The forward's log-sum-exp of each row `[lead…, hq, tq]`, in the accumulator's dtype.
+    pub lse: &'a dyn Operand,
+    /// The gradient of the output, `o`'s shape.
+    pub d_o: &'a dyn Operand,
+    /// Written: the gradient of `q`, its shape.
+    pub dq: &'a dyn Operand,
+    /// Written: the gradient of `k`, its shape.
+    pub dk: &'a dyn Operand,
+    /// Written: the gradient of `v`, its shape.
+    pub dv: &'a dyn Operand,
+}
+
 /// `Some((refusal, why))` where an attention of `spec` over a query of dtype `q` and rank `rank`
 /// (at least 3), keys `k` and values `v`, into `o` and `lse`, does not fit: `WrongDtype` for an
 /// accumulator that is not `f32` or `f64`, an operand that is not a real float narrower than or
@@ -275,6 +299,26 @@ pub fn attention_refusal(
             Answer::ShapeMismatch,
             format!("a query of rank {rank}: [lead…, heads, rows, dk] has at least 3"),
         ));
+    }
+    None
+}
+
+/// `Some((refusal, why))` where the gradient of an attention of `spec` ([`Kernels::attention_grad`])
+/// does not fit its operands' dtypes and rank: as [`attention_refusal`] for `q`, `k`, `v`, `o` and
+/// `lse`, and `WrongDtype` for a `d_o`, `dq`, `dk` or `dv` that is not a real float no wider than
+/// the accumulator. It reads no shape but the rank.
+pub fn attention_grad_refusal(spec: &Attention, g: &AttentionGrad<'_>) -> Option<(Answer, String)> {
+    let rank = g.q.layout().rank();
+    if let Some(r) = attention_refusal(spec, g.q.dtype(), rank, g.o.dtype(), g.lse.dtype(), g.k.dtype(), g.v.dtype()) {
+        return Some(r);
+    }
+    for (what, d) in [("d_o", g.d_o.dtype()), ("dq", g.dq.dtype()), ("dk", g.dk.dtype()), ("dv", g.dv.dtype())] {
+        if !d.is_float() || d.kind() == crate::Kind::Complex || d.size() > spec.acc.size() {
+            return Some((
+                Answer::WrongDtype,
+                format!("{what} is {d}: a real float no wider than the accumulator {}", spec.acc),
+            ));
+        }
     }
     None
 }
@@ -573,6 +617,19 @@ pub trait Kernels {
         _kv: Kv<'_>,
         _lengths: Option<&dyn Operand>,
     ) -> Answer {
+        Answer::Declined
+    }
+
+    /// The gradient of [`Kernels::attention`] over dense keys without lengths: given its operands,
+    /// its outputs `o` and `lse` and the gradient `d_o` of `o`, writes `dq`, `dk` and `dv` (each
+    /// its operand's shape), as FlashAttention's backward: a visible pair weighs `P = exp(s·q·k −
+    /// lse)` (no weight in a row of `lse = −∞`), `D = rowsum(d_o ∘ o)`, `dS = P ∘ (d_o·vᵀ − D)`,
+    /// `dq = s·dS·k`, `dk = s·dSᵀ·q` and `dv = Pᵀ·d_o`, summed over the query heads of a key head
+    /// and in the accumulator, each result rounded once. A destination that is not C-contiguous is
+    /// declined; one sharing a byte with an operand or another destination is refused as
+    /// `Overlapping`; [`attention_grad_refusal`] names dtypes that do not fit. The default
+    /// declines.
+    fn attention_grad(&self, _spec: &Attention, _grad: AttentionGrad<'_>) -> Answer {
         Answer::Declined
     }
 

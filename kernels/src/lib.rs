@@ -45,8 +45,9 @@ pub use dtype::promote::{binary_result, float_math_input, promoted, result_type,
 pub use dtype::{Dtype, Element, Kind, Value};
 pub use host::Host;
 pub use kernels::{
-    attention_refusal, float_carrier, full_precision, half_spectrum, same_precision, scan_refusal, scores_refusal,
-    Attention, Direction, Extreme, Kernels, Kv, Reduction, Scatter, Scores,
+    attention_grad_refusal, attention_refusal, float_carrier, full_precision, half_spectrum, same_precision,
+    scan_refusal, scores_refusal, Attention, AttentionGrad, Direction, Extreme, Kernels, Kv, Reduction, Scatter,
+    Scores,
 };
 pub use layout::{broadcast_shapes, Layout, Move, MAX_RANK};
 pub use lease::Lease;

@@ -45,7 +45,7 @@
 //! | `dropout` | the gradient through the same mask (a function of the seed and the global index) |
 //! | `embedding` | a deterministic scatter-add into the table's rows: a sum over the index's mesh axes |
 //! | `cross_entropy` | `(softmax − one-hot)/n` on each rank's classes: the class axis may be cut (vocabulary parallel), its maxima and sums closed across ranks, the logits never gathered |
-//! | `attention` | recomputed from `q`, `k`, `v` per rank's heads |
+//! | `attention` | one fused kernel per rank's heads: P recomputed from `q`, `k` and the forward's log-sum-exp, `D = rowsum(dO ∘ O)` |
 //! | `place` | the table above |
 //!
 //! `Tape::no_grad` runs a closure without recording; [`Var::detach`] cuts a value off the tape;

@@ -2,7 +2,7 @@
 //! vocabulary-parallel cross-entropy, attention and dropout.
 
 use nx_collectives::{ReduceOp, Reducible};
-use nx_kernels::{Array, Contraction, Value};
+use nx_kernels::{Array, Value};
 use nx_placement::rules;
 
 use super::ops::{fit, keep};
@@ -534,8 +534,9 @@ impl<'d, T: Reducible> Var<'d, T> {
 
     /// Causal (or not) scaled dot-product attention of `self` (queries `[b, h, t, d]`) against
     /// keys `k` and values `v` of that shape, heads possibly cut ([`Tensor::attention`], the
-    /// host kernel's online softmax). The backward recomputes the probabilities from `q` and `k`
-    /// on each rank's heads and contracts as the forward's transpose.
+    /// host kernel's online softmax). The backward is one fused kernel on each rank's heads
+    /// (FlashAttention-2's): the probabilities recomputed from `q`, `k` and the log-sum-exp the
+    /// forward kept, no communication.
     ///
     /// # Errors
     /// As [`Tensor::attention`]; shapes other than `[b, h, t, d]` of one shape.
@@ -551,34 +552,12 @@ impl<'d, T: Reducible> Var<'d, T> {
             ));
         }
         let scale = 1.0 / (q.shape[3] as f64).sqrt();
-        let out = q.attention(kk, vv, causal, Some(scale))?;
-        let (q, kk, vv) = (q.clone(), kk.clone(), vv.clone());
-        let op = out.placement.clone();
+        let (out, lse) = q.attention_saved(kk, vv, causal, Some(scale))?;
+        let (q, kk, vv, o) = (q.clone(), kk.clone(), vv.clone(), out.clone());
         Ok(self.tape.record(out, &[self, k, v], move |g| {
-            let g = fit(g, &op)?;
-            let t = q.shape[2];
-            let bh = vec![(0, 0), (1, 1)];
-            let qk = Contraction { batch: bh.clone(), contracting: vec![(3, 3)] };
-            let s = q.contract(&kk, &qk)?.scale(scale)?;
-            let s = if causal {
-                let mask = Tensor::<T>::from_fn(&q.ctx, &[t, t], &Placement::mesh(q.placement.mesh_of(), &[])?, |i| {
-                    crate::from_f64(if i[1] > i[0] { f64::NEG_INFINITY } else { 0.0 })
-                })?;
-                s.add(&mask)?
-            } else {
-                s
-            };
-            let p = s.softmax(3)?;
-            // dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(dP∘P)), dQ = dS·K·scale, dK = dSᵀ·Q·scale
-            let dv = p.contract(&g, &Contraction { batch: bh.clone(), contracting: vec![(2, 2)] })?;
-            let dp = g.contract(&vv, &Contraction { batch: bh.clone(), contracting: vec![(3, 3)] })?;
-            let rs = dp.mul(&p)?.sum(3)?.reshape(&[q.shape[0], q.shape[1], t, 1])?;
-            let ds = dp.map(&[&p, &rs], false, |pr, l| {
-                let d = pr.sub(l[0], l[2]);
-                pr.mul(l[1], d)
-            })?;
-            let dq = ds.contract(&kk, &Contraction { batch: bh.clone(), contracting: vec![(3, 2)] })?.scale(scale)?;
-            let dk = ds.contract(&q, &Contraction { batch: bh, contracting: vec![(2, 2)] })?.scale(scale)?;
+            // the fused backward: P recomputed from the forward's log-sum-exp, D = rowsum(dO ∘ O)
+            let g = fit(g, &o.placement)?;
+            let [dq, dk, dv] = q.attention_grad(&kk, &vv, &o, lse.as_ref(), &g, causal, scale)?;
             Ok(vec![Some(dq), Some(dk), Some(dv)])
         }))
     }

@@ -27,7 +27,7 @@ pub(crate) const QB: usize = 256;
 pub(crate) const KB: usize = 128;
 
 /// The accumulator: `f32` or `f64`.
-trait Acc: faer::traits::ComplexField + Copy + Send + Sync + PartialOrd + 'static {
+pub(super) trait Acc: faer::traits::ComplexField + Copy + Send + Sync + PartialOrd + 'static {
     const ZERO: Self;
     const NEG_INF: Self;
     const INF: Self;
@@ -149,7 +149,7 @@ acc!(f64, D);
 ///
 /// # Safety
 /// `p` is the address of an element of dtype `d` under an exclusive claim.
-unsafe fn store(d: Dtype, p: *mut u8, x: f64, x32: Option<f32>) {
+pub(super) unsafe fn store(d: Dtype, p: *mut u8, x: f64, x32: Option<f32>) {
     // SAFETY: the caller's contract. An f32 accumulator's value is stored from f32 (one rounding).
     unsafe {
         match (d, x32) {
@@ -171,16 +171,16 @@ unsafe fn store(d: Dtype, p: *mut u8, x: f64, x32: Option<f32>) {
 
 /// An operand's layout as (extents, strides, offset).
 #[derive(Clone)]
-struct View {
-    shape: Vec<usize>,
-    strides: Vec<isize>,
+pub(super) struct View {
+    pub(super) shape: Vec<usize>,
+    pub(super) strides: Vec<isize>,
     offset: isize,
     p: Ptr,
-    d: Dtype,
+    pub(super) d: Dtype,
 }
 
 impl View {
-    fn of(o: &dyn Operand) -> View {
+    pub(super) fn of(o: &dyn Operand) -> View {
         let l = o.layout();
         View {
             shape: l.shape().to_vec(),
@@ -192,7 +192,7 @@ impl View {
     }
 
     /// The position of the lead index `b` (flat over the first `lead` axes) with `rest` after.
-    fn pos(&self, lead: usize, b: usize, rest: &[usize]) -> isize {
+    pub(super) fn pos(&self, lead: usize, b: usize, rest: &[usize]) -> isize {
         let mut at = self.offset;
         let mut k = b;
         for d in (0..lead).rev() {
@@ -205,7 +205,7 @@ impl View {
         at
     }
 
-    fn addr(&self, pos: isize) -> *mut u8 {
+    pub(super) fn addr(&self, pos: isize) -> *mut u8 {
         self.p.byte(pos * self.d.size() as isize)
     }
 
@@ -493,6 +493,7 @@ crate::simd_fn! {
             j0 = j1;
         }
         let f32acc = std::mem::size_of::<A>() == 4;
+        let own = if f32acc { Dtype::F32 } else { Dtype::F64 };
         for r in 0..bq {
             let i = i0 + r;
             let none = l[r] == A::ZERO && !poisoned[r];
@@ -509,6 +510,14 @@ crate::simd_fn! {
                 let at = x.lse.pos(d.lead, b, &[h, i]);
                 store(x.lse.d, x.lse.addr(at), lse, f32acc.then_some(lse as f32));
                 let ob = x.o.pos(d.lead, b, &[h, i, 0]);
+                if x.o.d == own && !poisoned[r] && !none {
+                    // the row in the accumulator's own dtype: divided in place, copied (the same bits
+                    // as the element-wise store below)
+                    let row = &mut acc[r * d.dv..(r + 1) * d.dv];
+                    row.iter_mut().for_each(|a| *a = a.fdiv(l[r]));
+                    std::ptr::copy_nonoverlapping(row.as_ptr().cast::<u8>(), x.o.addr(ob), d.dv * own.size());
+                    continue;
+                }
                 for c in 0..d.dv {
                     let val = if poisoned[r] {
                         A::NAN

@@ -224,6 +224,7 @@
 
 mod assemble;
 mod attention;
+mod attention_grad;
 mod attention_rows;
 mod attention_scores;
 mod bgemm;
@@ -599,6 +600,10 @@ impl Kernels for Host {
         lengths: Option<&dyn Operand>,
     ) -> Answer {
         attention::attention(&self.par, spec, Some(scores), o, lse, q, kv, lengths)
+    }
+
+    fn attention_grad(&self, spec: &Attention, grad: crate::AttentionGrad<'_>) -> Answer {
+        attention_grad::attention_grad(&self.par, spec, grad)
     }
 
     fn assemble(&self, dst: &dyn Operand, pieces: &[(&[usize], &dyn Operand)]) -> Answer {
