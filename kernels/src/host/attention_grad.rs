@@ -340,6 +340,7 @@ crate::simd_fn! {
                     let vis = seen(i0 + r).min(n);
                     if ls[r] == A::NEG_INF {
                         row.fill(A::ZERO); // a row that sees no key: no weight, no gradient
+                        dd[r] = A::ZERO;
                         continue;
                     }
                     A::exp_row(simd, &mut row[..vis], s, ls[r]);
@@ -350,18 +351,18 @@ crate::simd_fn! {
                 // dS = s·P ∘ (dO·Vᵀ − D)
                 mm(bq, n, dv, gob, dv, 1, vt, tk, ds, n, false);
                 for r in 0..bq {
+                    // hidden pairs get zero, not 0·(dP − D), which an infinite dP would make NaN
+                    let vis = if ls[r] == A::NEG_INF { 0 } else { seen(i0 + r).min(n) };
                     let (pr, dr) = (&p[r * n..(r + 1) * n], &mut ds[r * n..(r + 1) * n]);
-                    for (y, &pw) in dr.iter_mut().zip(pr) {
+                    for (y, &pw) in dr[..vis].iter_mut().zip(&pr[..vis]) {
                         *y = pw.fmul(y.fsub(dd[r])).fmul(s);
                     }
+                    dr[vis..].fill(A::ZERO);
                 }
                 // dV += Pᵀ·dO, dK += dSᵀ·Q (over the keys seen), dQ = dS·K
                 mm(n, dv, bq, p, 1, n, gob, dv, gv, dv, true);
                 mm(n, dk, bq, ds, 1, n, qb, dk, gk, dk, true);
                 mm(bq, dk, n, ds, n, 1, kr, dk, gq, dk, false);
-                if n == 0 {
-                    gq[..bq * dk].fill(A::ZERO);
-                }
                 store_rows(&x.dq, gq, lead, b, h, i0, bq, dk);
                 i0 += bq;
             }
