@@ -32,6 +32,15 @@ impl Lse {
     }
 }
 
+/// The accumulator of an attention of `T` values: `f64` for `f64`, `f32` otherwise.
+fn accumulator<T: Reducible>() -> Dtype {
+    if T::DTYPE == Dtype::F64 {
+        Dtype::F64
+    } else {
+        Dtype::F32
+    }
+}
+
 impl<'d, T: Reducible> Tensor<'d, T> {
     /// Scaled dot-product attention of query rows `self` `[lead…, hq, tq, dk]` against keys `k`
     /// `[lead…, hk, tk, dk]` and values `v` `[lead…, hk, tk, dv]` (`hk` dividing `hq`: grouped
@@ -114,7 +123,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         }
         let (local, lse) = match (&self.local, &k.local, &v.local) {
             (Some(q), Some(kl), Some(vl)) => {
-                let acc = if T::DTYPE == Dtype::F64 { Dtype::F64 } else { Dtype::F32 };
+                let acc = accumulator::<T>();
                 let dk = self.shape[r - 1];
                 let spec =
                     Attention { scale: scale.unwrap_or(1.0 / (dk as f64).sqrt()), causal: causal.then_some(0), acc };
@@ -161,7 +170,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         }
         let locals = match (&self.local, &k.local, &v.local, &o.local, lse, &g.local) {
             (Some(q), Some(kl), Some(vl), Some(ol), Some(lse), Some(gl)) => {
-                let acc = if T::DTYPE == Dtype::F64 { Dtype::F64 } else { Dtype::F32 };
+                let acc = accumulator::<T>();
                 let spec = Attention { scale, causal: causal.then_some(0), acc };
                 let rig = self.ctx.rig();
                 let (dq, dk, dv) = (
