@@ -5,10 +5,11 @@
 //! | op | operands | result |
 //! |---|---|---|
 //! | `attention(k, v)` | `q`, `k`, `v` `[lead…, heads, rows, d]` placed alike (lead and head axes may be cut, rows and d whole), not partial | `q`'s placement |
+//! | `attention_thd(k, v)` | the same as `[lead…, rows, heads, d]` (FlashAttention's layout) | `q`'s placement |
 //! | its gradient | the output's gradient placed as the output | `dq`, `dk`, `dv` placed as `q`, `k`, `v` (no communication) |
 
 use nx_collectives::Reducible;
-use nx_kernels::{Array, Attention, AttentionGrad, Dtype, Kernels, Kv, Operand};
+use nx_kernels::{Array, Attention, AttentionGrad, Dtype, Kernels, Kv, Move, Operand};
 
 use crate::tensor::{check, err};
 use crate::{Result, Tensor};
@@ -41,6 +42,28 @@ fn accumulator<T: Reducible>() -> Dtype {
     }
 }
 
+/// `a` with its axes `rank − 3` and `rank − 2` swapped (a view): `[lead…, rows, heads, d]` read
+/// as `[lead…, heads, rows, d]`, where `swap`; `a` itself otherwise.
+fn heads_first<T: nx_kernels::Element>(a: &Array<T>, swap: bool) -> Result<Array<T>> {
+    if !swap {
+        return Ok(a.clone());
+    }
+    let r = a.shape().len();
+    let mut perm: Vec<usize> = (0..r).collect();
+    perm.swap(r - 3, r - 2);
+    Ok(a.apply(&Move::Permute(perm))?.expect("a permutation is a view"))
+}
+
+/// `s` with its axes `len − 3` and `len − 2` swapped where `swap`.
+fn swapped(s: &[usize], swap: bool) -> Vec<usize> {
+    let mut s = s.to_vec();
+    if swap {
+        let r = s.len();
+        s.swap(r - 3, r - 2);
+    }
+    s
+}
+
 impl<'d, T: Reducible> Tensor<'d, T> {
     /// Scaled dot-product attention of query rows `self` `[lead…, hq, tq, dk]` against keys `k`
     /// `[lead…, hk, tk, dk]` and values `v` `[lead…, hk, tk, dv]` (`hk` dividing `hq`: grouped
@@ -66,45 +89,78 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// rows or features cut; heads cut so that a rank's query heads are not the groups of its key
     /// heads.
     pub fn attention(&self, k: &Tensor<'d, T>, v: &Tensor<'d, T>, causal: bool, scale: Option<f64>) -> Result<Self> {
-        Ok(self.attention_saved(k, v, causal, scale)?.0)
+        Ok(self.attention_saved(k, v, causal, scale, false)?.0)
     }
 
-    /// [`Tensor::attention`] and the log-sum-exp of each of this rank's query rows (`None` on a
-    /// rank that holds no window).
+    /// [`Tensor::attention`] of operands laid out `[lead…, rows, heads, d]` (FlashAttention's
+    /// layout: a projection's output `[b, t, width]` reshaped to `[b, t, heads, d]`, no copy), the
+    /// result `[lead…, rows, heads, dv]`. The kernel reads and writes through permuted views; the
+    /// values and bits are `attention`'s of the permuted operands.
+    ///
+    /// ```
+    /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+    /// // [batch, rows, heads, d], the heads over the two devices
+    /// let p = nx::Placement::split(2, ctx.devices())?;
+    /// let q = nx::Tensor::<f32>::from_fn(ctx, &[1, 3, 2, 4], &p, |i| (i[1] + i[3]) as f32 * 0.1)?;
+    /// let o = q.attention_thd(&q, &q, true, None)?;
+    /// assert_eq!(o.shape(), [1, 3, 2, 4]);
+    /// let heads_first = q.permute(&[0, 2, 1, 3])?;
+    /// let want = heads_first.attention(&heads_first, &heads_first, true, None)?.permute(&[0, 2, 1, 3])?;
+    /// assert_eq!(o.full()?.to_vec()?, want.full()?.to_vec()?);
+    /// # Ok(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Tensor::attention`], of the permuted shapes and axes.
+    pub fn attention_thd(
+        &self,
+        k: &Tensor<'d, T>,
+        v: &Tensor<'d, T>,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<Self> {
+        Ok(self.attention_saved(k, v, causal, scale, true)?.0)
+    }
+
+    /// [`Tensor::attention`] (or [`Tensor::attention_thd`] where `thd`) and the log-sum-exp of
+    /// each of this rank's query rows `[lead…, heads, rows]` (`None` on a rank that holds no
+    /// window).
     pub(crate) fn attention_saved(
         &self,
         k: &Tensor<'d, T>,
         v: &Tensor<'d, T>,
         causal: bool,
         scale: Option<f64>,
+        thd: bool,
     ) -> Result<(Self, Option<Lse>)> {
-        const FUNC: &str = "nx::Tensor::attention";
+        let func = if thd { "nx::Tensor::attention_thd" } else { "nx::Tensor::attention" };
         let r = self.shape.len();
         if r < 3 || k.shape.len() != r || v.shape.len() != r {
-            return Err(err(
-                FUNC,
-                format!("q {:?}, k {:?}, v {:?}: [lead…, heads, rows, d] of one rank", self.shape, k.shape, v.shape),
-            ));
+            let axes = if thd { "[lead…, rows, heads, d]" } else { "[lead…, heads, rows, d]" };
+            return Err(err(func, format!("q {:?}, k {:?}, v {:?}: {axes} of one rank", self.shape, k.shape, v.shape)));
         }
-        let (hq, hk) = (self.shape[r - 3], k.shape[r - 3]);
-        let fits = self.shape[..r - 3] == k.shape[..r - 3]
-            && v.shape[..r - 1] == k.shape[..r - 1]
-            && self.shape[r - 1] == k.shape[r - 1]
+        // the heads' and rows' axes
+        let (ha, ra) = if thd { (r - 2, r - 3) } else { (r - 3, r - 2) };
+        let (qs, ks, vs) = (swapped(&self.shape, thd), swapped(&k.shape, thd), swapped(&v.shape, thd));
+        let (hq, hk) = (qs[r - 3], ks[r - 3]);
+        let fits = qs[..r - 3] == ks[..r - 3]
+            && vs[..r - 1] == ks[..r - 1]
+            && qs[r - 1] == ks[r - 1]
             && hk > 0
             && hq % hk == 0;
         if !fits {
-            return Err(err(FUNC, format!("q {:?}, k {:?}, v {:?} do not fit", self.shape, k.shape, v.shape)));
+            return Err(err(func, format!("q {:?}, k {:?}, v {:?} do not fit", self.shape, k.shape, v.shape)));
         }
         for t in [k, v] {
             if !t.placement.equal(&self.placement) {
                 return Err(err(
-                    FUNC,
+                    func,
                     format!("q at {}, an operand at {}: place them alike", self.placement, t.placement),
                 ));
             }
         }
-        self.whole(FUNC, r - 2, false)?;
-        self.whole(FUNC, r - 1, false)?;
+        self.whole(func, ra, false)?;
+        self.whole(func, r - 1, false)?;
         let mut shape = self.shape.clone();
         shape[r - 1] = v.shape[r - 1];
         // every device's query heads must be the groups of its key heads (checked for all, so
@@ -112,10 +168,10 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         let group = hq / hk;
         for u in 0..self.ctx.devices().len() {
             if let (Some(qw), Some(kw)) = (self.placement.window(&self.shape, u)?, k.placement.window(&k.shape, u)?) {
-                let (qh, kh) = (&qw[r - 3], &kw[r - 3]);
+                let (qh, kh) = (&qw[ha], &kw[ha]);
                 if qh.start != kh.start * group || qh.len() != kh.len() * group {
                     return Err(err(
-                        FUNC,
+                        func,
                         format!("query heads {qh:?} are not the groups of key heads {kh:?} on device {u}: cut the heads so each device's are whole groups"),
                     ));
                 }
@@ -130,13 +186,18 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                 let mut os = q.shape().to_vec();
                 os[r - 1] = vl.shape()[r - 1];
                 let o = Array::<T>::uninit_on(self.ctx.rig(), &os)?;
+                // the lse of each row, heads first in either layout
+                let ls = swapped(&os, thd);
                 let lse = if acc == Dtype::F64 {
-                    Lse::F64(Array::<f64>::uninit_on(self.ctx.rig(), &os[..r - 1])?)
+                    Lse::F64(Array::<f64>::uninit_on(self.ctx.rig(), &ls[..r - 1])?)
                 } else {
-                    Lse::F32(Array::<f32>::uninit_on(self.ctx.rig(), &os[..r - 1])?)
+                    Lse::F32(Array::<f32>::uninit_on(self.ctx.rig(), &ls[..r - 1])?)
                 };
-                let answer = self.ctx.host().attention(&spec, &o, lse.operand(), q, Kv::Dense { k: kl, v: vl }, None);
-                check(FUNC, answer, &[q, kl, vl])?;
+                let (qv, kv, vv, ov) =
+                    (heads_first(q, thd)?, heads_first(kl, thd)?, heads_first(vl, thd)?, heads_first(&o, thd)?);
+                let answer =
+                    self.ctx.host().attention(&spec, &ov, lse.operand(), &qv, Kv::Dense { k: &kv, v: &vv }, None);
+                check(func, answer, &[q, kl, vl])?;
                 (Some(o), Some(lse))
             }
             _ => (None, None),
@@ -144,9 +205,9 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         Ok((self.with_local(self.placement.clone(), shape, local), lse))
     }
 
-    /// The gradients `[dq, dk, dv]` of `o = self.attention_saved(k, v, causal, Some(scale))` (its
-    /// log-sum-exp `lse`) given `g`, the gradient of `o` placed as `o`: each placed as its operand,
-    /// from the host's fused kernel on each rank's heads (no communication).
+    /// The gradients `[dq, dk, dv]` of `o = self.attention_saved(k, v, causal, Some(scale), thd)`
+    /// (its log-sum-exp `lse`) given `g`, the gradient of `o` placed as `o`: each placed as its
+    /// operand, from the host's fused kernel on each rank's heads (no communication).
     ///
     /// # Errors
     /// `g` of another shape or placement than `o`; the kernel's refusals.
@@ -160,6 +221,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         g: &Tensor<'d, T>,
         causal: bool,
         scale: f64,
+        thd: bool,
     ) -> Result<[Self; 3]> {
         const FUNC: &str = "nx::Tensor::attention_grad";
         if g.shape != o.shape || !g.placement.equal(&o.placement) {
@@ -178,8 +240,20 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                     Array::<T>::uninit_on(rig, kl.shape())?,
                     Array::<T>::uninit_on(rig, vl.shape())?,
                 );
-                let grad =
-                    AttentionGrad { q, k: kl, v: vl, o: ol, lse: lse.operand(), d_o: gl, dq: &dq, dk: &dk, dv: &dv };
+                let h = |a: &Array<T>| heads_first(a, thd);
+                let (qv, kv, vv, ov, gv) = (h(q)?, h(kl)?, h(vl)?, h(ol)?, h(gl)?);
+                let (dqv, dkv, dvv) = (h(&dq)?, h(&dk)?, h(&dv)?);
+                let grad = AttentionGrad {
+                    q: &qv,
+                    k: &kv,
+                    v: &vv,
+                    o: &ov,
+                    lse: lse.operand(),
+                    d_o: &gv,
+                    dq: &dqv,
+                    dk: &dkv,
+                    dv: &dvv,
+                };
                 check(FUNC, self.ctx.host().attention_grad(&spec, grad), &[q, kl, vl, ol, gl])?;
                 [Some(dq), Some(dk), Some(dv)]
             }

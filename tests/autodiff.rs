@@ -295,6 +295,21 @@ fn attention_with_heads_cut() {
 }
 
 #[test]
+fn attention_in_flash_attentions_layout_with_heads_cut() {
+    // [b, t, h, d]: the heads (axis 2) cut, rows whole; uneven heads over the mesh's b
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let p = Placement::mesh(m, &[(0, &["a"]), (2, &["b"])])?;
+        let q = mk.leaf(ctx, &[2, 5, 3, 2], &p, 1)?;
+        let k = mk.leaf(ctx, &[2, 5, 3, 2], &p, 2)?;
+        let v = mk.leaf(ctx, &[2, 5, 3, 2], &p, 3)?;
+        let o = q.attention_thd(&k, &v, true)?;
+        let o2 = q.attention_thd(&k, &v, false)?;
+        weighted(ctx, &o, 4)?.add(&weighted(ctx, &o2, 5)?)
+    }
+    check(case, ALL, false);
+}
+
+#[test]
 fn transitions_on_three_axes() {
     fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
         let x = mk.leaf(ctx, &[5, 3, 4], &Placement::mesh(m, &[(0, &["a"]), (2, &["c"])])?, 1)?;

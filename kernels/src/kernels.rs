@@ -588,7 +588,9 @@ pub trait Kernels {
     /// without), on a page of the pool, and within the causal mask. `lse` is the log-sum-exp of a
     /// row's visible scores and `o` their values weighted by `exp(score − lse)`; a row of no
     /// visible pair has `o = +0`, `lse = −∞`. A length outside `0..=tk` is refused as
-    /// [`Answer::IndexOutOfRange`]; [`attention_refusal`] names dtypes that do not fit.
+    /// [`Answer::IndexOutOfRange`]; [`attention_refusal`] names dtypes that do not fit. `o` and
+    /// `lse` may be strided where their last axis is at stride 1 (a permuted view of a dense
+    /// array: FlashAttention's `[lead…, tq, hq, dv]` output); others are declined.
     fn attention(
         &self,
         _spec: &Attention,
@@ -625,8 +627,9 @@ pub trait Kernels {
     /// its operand's shape), as FlashAttention's backward: a visible pair weighs `P = exp(s·q·k −
     /// lse)` (no weight in a row of `lse = −∞`), `D = rowsum(d_o ∘ o)`, `dS = P ∘ (d_o·vᵀ − D)`,
     /// `dq = s·dS·k`, `dk = s·dSᵀ·q` and `dv = Pᵀ·d_o`, summed over the query heads of a key head
-    /// and in the accumulator, each result rounded once. A destination that is not C-contiguous is
-    /// declined; one sharing a byte with an operand or another destination is refused as
+    /// and in the accumulator, each result rounded once. A destination whose last axis is not at
+    /// stride 1 is declined (other strides are read, as a permuted view of a dense array has); one
+    /// sharing a byte with an operand or another destination is refused as
     /// `Overlapping`; [`attention_grad_refusal`] names dtypes that do not fit. The default
     /// declines.
     fn attention_grad(&self, _spec: &Attention, _grad: AttentionGrad<'_>) -> Answer {

@@ -326,3 +326,72 @@ fn an_infinite_output_gradient_leaves_hidden_pairs_at_zero() {
     let want = naive(&c, &finite[0], &finite[1], &finite[2], &finite[3], 1.0);
     assert!((dk[1] - want[1][1]).abs() <= 1e-15, "key 1: {} vs {}", dk[1], want[1][1]);
 }
+
+/// `xs` of C order over `[lead, h, t, d]` rewritten in C order over `[lead, t, h, d]`.
+fn rows_first(xs: &[f64], lead: usize, h: usize, t: usize, d: usize) -> Vec<f64> {
+    let mut out = vec![0.0; xs.len()];
+    for b in 0..lead {
+        for hh in 0..h {
+            for i in 0..t {
+                for e in 0..d {
+                    out[((b * t + i) * h + hh) * d + e] = xs[((b * h + hh) * t + i) * d + e];
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn flash_attentions_layout_reads_and_writes_through_permuted_views() {
+    // every operand and destination a view [lead, h, t, d] of a dense [lead, t, h, d] array (a
+    // projection's output reshaped: FlashAttention's layout), forward and backward, against the
+    // naive gradient and bit for bit against the dense layout
+    let c = Case { lead: 2, hq: 4, hk: 2, tq: 9, tk: 11, dk: 6, dv: 5, causal: Some(2) };
+    let swap = |a: Array<f64>| a.apply(&nx_kernels::Move::Permute(vec![0, 2, 1, 3])).unwrap().unwrap();
+    let spec = Attention { scale: 0.45, causal: c.causal, acc: Dtype::F64 };
+    let xs = operands(&c, |x| x);
+    let want = naive(&c, &xs[0], &xs[1], &xs[2], &xs[3], spec.scale);
+    let dense = host_grads::<f64, f64>(&c, &xs, &spec, |x| x, 2);
+    let Case { lead, hq, hk, tq, tk, dk, dv, .. } = c;
+    let q = swap(arr(&[lead, tq, hq, dk], &rows_first(&xs[0], lead, hq, tq, dk), |x| x));
+    let k = swap(arr(&[lead, tk, hk, dk], &rows_first(&xs[1], lead, hk, tk, dk), |x| x));
+    let v = swap(arr(&[lead, tk, hk, dv], &rows_first(&xs[2], lead, hk, tk, dv), |x| x));
+    let go = swap(arr(&[lead, tq, hq, dv], &rows_first(&xs[3], lead, hq, tq, dv), |x| x));
+    let zeros = |s: &[usize]| Array::<f64>::zeros(DEV, s).unwrap();
+    let (o_rows, dq_rows, dk_rows, dv_rows) = (
+        zeros(&[lead, tq, hq, dv]),
+        zeros(&[lead, tq, hq, dk]),
+        zeros(&[lead, tk, hk, dk]),
+        zeros(&[lead, tk, hk, dv]),
+    );
+    let (o, dq, dk_, dv_) = (swap(o_rows.clone()), swap(dq_rows.clone()), swap(dk_rows.clone()), swap(dv_rows.clone()));
+    assert!(!o.layout().is_contiguous());
+    let lse = zeros(&[lead, hq, tq]);
+    let host = Host::with_threads(2).unwrap();
+    assert_eq!(host.attention(&spec, &o, &lse, &q, Kv::Dense { k: &k, v: &v }, None), Answer::Done);
+    let g = AttentionGrad { q: &q, k: &k, v: &v, o: &o, lse: &lse, d_o: &go, dq: &dq, dk: &dk_, dv: &dv_ };
+    assert_eq!(host.attention_grad(&spec, g), Answer::Done);
+    let got = [dq_rows.to_vec().unwrap(), dk_rows.to_vec().unwrap(), dv_rows.to_vec().unwrap()];
+    let want_rows = [
+        rows_first(&want[0], lead, hq, tq, dk),
+        rows_first(&want[1], lead, hk, tk, dk),
+        rows_first(&want[2], lead, hk, tk, dv),
+    ];
+    check(&c, &got, &want_rows, f64::EPSILON / 2.0);
+    let dims = [(hq, tq, dk), (hk, tk, dk), (hk, tk, dv)];
+    for (i, (g, (h, t, d))) in got.iter().zip(dims).enumerate() {
+        assert_eq!(*g, rows_first(&dense[i].to_vec().unwrap(), lead, h, t, d), "gradient {i}: the dense layout's bits");
+    }
+    // the output: the dense layout's bits, each row where the view puts it
+    let o_dense = Array::<f64>::zeros(DEV, &[lead, hq, tq, dv]).unwrap();
+    let lse_dense = zeros(&[lead, hq, tq]);
+    let (qd, kd, vd) = (
+        arr(&[lead, hq, tq, dk], &xs[0], |x| x),
+        arr(&[lead, hk, tk, dk], &xs[1], |x| x),
+        arr(&[lead, hk, tk, dv], &xs[2], |x| x),
+    );
+    assert_eq!(host.attention(&spec, &o_dense, &lse_dense, &qd, Kv::Dense { k: &kd, v: &vd }, None), Answer::Done);
+    assert_eq!(o_rows.to_vec().unwrap(), rows_first(&o_dense.to_vec().unwrap(), lead, hq, tq, dv));
+    assert_eq!(lse.to_vec().unwrap(), lse_dense.to_vec().unwrap());
+}

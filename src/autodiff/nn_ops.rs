@@ -541,23 +541,35 @@ impl<'d, T: Reducible> Var<'d, T> {
     /// # Errors
     /// As [`Tensor::attention`]; shapes other than `[b, h, t, d]` of one shape.
     pub fn attention(&self, k: &Var<'d, T>, v: &Var<'d, T>, causal: bool) -> Result<Self> {
-        const FUNC: &str = "nx::autodiff::Var::attention";
-        self.check_tape(FUNC, k)?;
-        self.check_tape(FUNC, v)?;
+        self.attention_in(k, v, causal, false)
+    }
+
+    /// [`Var::attention`] of operands `[b, t, h, d]` (FlashAttention's layout,
+    /// [`Tensor::attention_thd`]): a projection's output reshaped, no permutes before or after,
+    /// and none in the backward (the fused kernel reads and writes this layout in place).
+    ///
+    /// # Errors
+    /// As [`Tensor::attention_thd`]; shapes other than `[b, t, h, d]` of one shape.
+    pub fn attention_thd(&self, k: &Var<'d, T>, v: &Var<'d, T>, causal: bool) -> Result<Self> {
+        self.attention_in(k, v, causal, true)
+    }
+
+    fn attention_in(&self, k: &Var<'d, T>, v: &Var<'d, T>, causal: bool, thd: bool) -> Result<Self> {
+        let func = if thd { "nx::autodiff::Var::attention_thd" } else { "nx::autodiff::Var::attention" };
+        self.check_tape(func, k)?;
+        self.check_tape(func, v)?;
         let (q, kk, vv) = (&self.value, &k.value, &v.value);
         if q.shape.len() != 4 || kk.shape != q.shape || vv.shape != q.shape {
-            return Err(err(
-                FUNC,
-                format!("q {:?}, k {:?}, v {:?}: needs [b, h, t, d] alike", q.shape, kk.shape, vv.shape),
-            ));
+            let axes = if thd { "[b, t, h, d]" } else { "[b, h, t, d]" };
+            return Err(err(func, format!("q {:?}, k {:?}, v {:?}: needs {axes} alike", q.shape, kk.shape, vv.shape)));
         }
         let scale = 1.0 / (q.shape[3] as f64).sqrt();
-        let (out, lse) = q.attention_saved(kk, vv, causal, Some(scale))?;
+        let (out, lse) = q.attention_saved(kk, vv, causal, Some(scale), thd)?;
         let (q, kk, vv, o) = (q.clone(), kk.clone(), vv.clone(), out.clone());
         Ok(self.tape.record(out, &[self, k, v], move |g| {
             // the fused backward: P recomputed from the forward's log-sum-exp, D = rowsum(dO ∘ O)
             let g = fit(g, &o.placement)?;
-            let [dq, dk, dv] = q.attention_grad(&kk, &vv, &o, lse.as_ref(), &g, causal, scale)?;
+            let [dq, dk, dv] = q.attention_grad(&kk, &vv, &o, lse.as_ref(), &g, causal, scale, thd)?;
             Ok(vec![Some(dq), Some(dk), Some(dv)])
         }))
     }

@@ -297,11 +297,12 @@ impl SelfAttention {
         }
         let (b, t, c) = (s[0], s[1], s[2]);
         let (h, d) = (self.heads, c / self.heads);
-        let split = |y: Var<'d, T>| y.reshape(&[b, t, h, d])?.permute(&[0, 2, 1, 3]);
+        // [b, t, h, d]: the projections reshaped (no copy), attention in FlashAttention's layout
+        let split = |y: Var<'d, T>| y.reshape(&[b, t, h, d]);
         let q = split(self.q.forward(p, x)?)?;
         let k = split(self.k.forward(p, x)?)?;
         let v = split(self.v.forward(p, x)?)?;
-        let o = q.attention(&k, &v, true)?.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?;
+        let o = q.attention_thd(&k, &v, true)?.reshape(&[b, t, c])?;
         self.out.forward(p, &o)
     }
 }

@@ -14,7 +14,7 @@ use super::attention_rows::RowOps;
 use super::attention_scores::{ScoreProg, Tile};
 use super::eval::Ptr;
 use super::reg::{Reg, Src};
-use super::{destinations, through_door};
+use super::{row_destinations, through_door};
 use crate::door::Operand;
 use crate::dtype::fp8::{F8E4M3, F8E5M2};
 use crate::kernels::{attention_refusal, scores_refusal, Attention, Kv, Scores};
@@ -284,7 +284,7 @@ pub(crate) fn attention(
                 Err(a) => return a,
             },
         };
-        if let Some(a) = destinations(w, r) {
+        if let Some(a) = row_destinations(w, r) {
             return a;
         }
         // lengths are positions: outside 0..=tk they are refused before any write (read when the
@@ -504,8 +504,9 @@ crate::simd_fn! {
             } else {
                 m[r].fadd(l[r].fln()).to_f64()
             };
-            // SAFETY: o and lse are C-contiguous of the checked shapes; this task writes rows i0..i1
-            // of head h at lead b alone.
+            // SAFETY: o and lse hold their last axis at stride 1 (checked) in distinct positions (the
+            // door's check) of the checked shapes; this task writes rows i0..i1 of head h at lead b
+            // alone.
             unsafe {
                 let at = x.lse.pos(d.lead, b, &[h, i]);
                 store(x.lse.d, x.lse.addr(at), lse, f32acc.then_some(lse as f32));

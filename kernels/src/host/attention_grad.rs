@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use super::attention::{store, Acc, View};
 use super::par::Par;
-use super::{destinations, overlaps, through_door};
+use super::{overlaps, row_destinations, through_door};
 use crate::kernels::{attention_grad_refusal, Attention, AttentionGrad};
 use crate::shape::KvShape;
 use crate::{Answer, Dtype, Simd};
@@ -51,7 +51,7 @@ pub(crate) fn attention_grad(par: &Arc<Par>, spec: &Attention, g: AttentionGrad<
         if !shapes_fit {
             return Answer::ShapeMismatch;
         }
-        if let Some(a) = destinations(w, r) {
+        if let Some(a) = row_destinations(w, r) {
             return a;
         }
         if overlaps(dq, dk) || overlaps(dq, dv) || overlaps(dk, dv) {
@@ -130,8 +130,8 @@ fn store_rows<A: Acc>(x: &View, src: &[A], lead: usize, b: usize, h: usize, r0: 
     for r in 0..rows {
         let at = x.pos(lead, b, &[h, r0 + r, 0]);
         if x.d == own {
-            // SAFETY: as below; a row of a C-contiguous destination is `n` adjacent elements of the
-            // accumulator's own dtype, and `src` holds `rows × n`.
+            // SAFETY: as below; a row of a destination (its last axis at stride 1, checked) is `n`
+            // adjacent elements of the accumulator's own dtype, and `src` holds `rows × n`.
             unsafe {
                 std::ptr::copy_nonoverlapping(src[r * n..(r + 1) * n].as_ptr().cast::<u8>(), x.addr(at), n * own.size())
             };
@@ -139,8 +139,9 @@ fn store_rows<A: Acc>(x: &View, src: &[A], lead: usize, b: usize, h: usize, r0: 
         }
         for c in 0..n {
             let v = src[r * n + c].to_f64();
-            // SAFETY: a C-contiguous destination (checked) of the checked shape; rows of head `h` at
-            // lead `b` are this task's alone, under the door's exclusive claim.
+            // SAFETY: a destination of the checked shape, its last axis at stride 1 and its positions
+            // distinct (checked); rows of head `h` at lead `b` are this task's alone, under the door's
+            // exclusive claim.
             unsafe { store(x.d, x.addr(at + c as isize), v, f32acc.then_some(v as f32)) };
         }
     }

@@ -697,6 +697,20 @@ pub(crate) fn destinations(written: &[&dyn Operand], read: &[&dyn Operand]) -> O
     written.iter().any(|w| read.iter().any(|r| overlaps(*w, *r))).then_some(Answer::Overlapping)
 }
 
+/// As [`destinations`], for a kernel that writes each destination a row (its last axis) at a time
+/// through its strides: a destination need only hold that axis at stride 1 (any other strides, as
+/// a permuted view of a dense array has; the door refuses positions that repeat).
+pub(crate) fn row_destinations(written: &[&dyn Operand], read: &[&dyn Operand]) -> Option<Answer> {
+    let rows = |w: &&dyn Operand| {
+        let l = w.layout();
+        l.numel() == 0 || l.rank() == 0 || l.shape()[l.rank() - 1] == 1 || l.strides()[l.rank() - 1] == 1
+    };
+    if !written.iter().all(rows) {
+        return Some(Answer::Declined);
+    }
+    written.iter().any(|w| read.iter().any(|r| overlaps(*w, *r))).then_some(Answer::Overlapping)
+}
+
 /// Runs a kernel's `body(written, read, run)` through the door: its checks, then (where `run`)
 /// its work. Where the first written operand lives on a queued rig, the checks run now, under the
 /// claims, and the work is queued on that rig's timeline over owned views of the operands (after
