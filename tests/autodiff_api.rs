@@ -253,3 +253,102 @@ fn layer_norm_of_many_rows_against_naive_f64() {
     close(&three.2, &dg, 1e-5, "dgamma on three devices");
     close(&three.3, &db, 1e-5, "dbeta on three devices");
 }
+
+#[test]
+fn adamw_steps_small_parameters_as_one_flat_array_and_large_ones_alone() {
+    // parameters small (stepped as groups by placement and rank: cut over tp unevenly, whole, of
+    // rank 2 so decayed) and one past the group bound (alone), three clipped steps, against AdamW
+    // by hand in f64; loss Σ_p s_p · Σ w_p², so g = 2·s_p·w
+    let specs: [(&str, Vec<usize>, bool, f64); 6] = [
+        ("a", vec![5], true, 1.0),
+        ("b", vec![3], false, 2.0),
+        ("c", vec![2, 3], false, 0.5),
+        ("d", vec![7], true, 1.5),
+        ("e", vec![1], false, 3.0),
+        ("big", vec![3, 6000], true, 0.25),
+    ];
+    let init = |p: usize, i: usize| ((p * 31 + i * 7) % 13) as f64 / 13.0 - 0.4;
+    for (dp, tp) in [(1, 1), (2, 2), (1, 3)] {
+        let got = launch_with(&opts(dp * tp), |ctx| {
+            let m = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let mut p = Params::new();
+            for (k, (name, shape, cut, _)) in specs.iter().enumerate() {
+                let at =
+                    if *cut { Placement::mesh(&m, &[(shape.len() - 1, &["tp"])])? } else { Placement::mesh(&m, &[])? };
+                let flat = |i: &[usize]| i.iter().zip(shape).fold(0, |a, (x, e)| a * e + x);
+                p.insert(name, Tensor::<f64>::from_fn(ctx, shape, &at, |i| init(k, flat(i)))?)?;
+            }
+            let mut adam = AdamW::new();
+            adam.clip = Some(0.5);
+            let mut norms = Vec::new();
+            for _ in 0..3 {
+                let tape = Tape::new();
+                let b = p.bind(&tape);
+                let mut loss = None;
+                for (name, _, _, s) in &specs {
+                    let term = b.get(name)?.square()?.sum_all()?.scale(*s)?.place(&Placement::mesh(&m, &[])?)?;
+                    loss = Some(match loss {
+                        None => term,
+                        Some(l) => term.add(&l)?,
+                    });
+                }
+                let g = tape.backward(&loss.expect("terms"))?;
+                norms.push(adam.step(&mut p, &g, 0.01)?);
+            }
+            let mut out = Vec::new();
+            for (name, ..) in &specs {
+                let w = p.get(name).unwrap();
+                let st = adam.state(name).unwrap();
+                assert_eq!(st.steps, 3);
+                assert!(st.m.placement().equal(w.placement()) && st.v.placement().equal(w.placement()));
+                out.push((w.full()?.to_vec()?, st.m.full()?.to_vec()?, st.v.full()?.to_vec()?));
+            }
+            Ok((norms, out))
+        })
+        .unwrap()
+        .remove(0);
+        // by hand
+        let mut w: Vec<Vec<f64>> =
+            specs.iter().enumerate().map(|(k, s)| (0..s.1.iter().product()).map(|i| init(k, i)).collect()).collect();
+        let mut mo = vec![vec![0.0; 0]; specs.len()];
+        let mut ve = mo.clone();
+        for (k, x) in w.iter().enumerate() {
+            mo[k] = vec![0.0; x.len()];
+            ve[k] = vec![0.0; x.len()];
+        }
+        for step in 1..=3usize {
+            let g: Vec<Vec<f64>> =
+                w.iter().zip(&specs).map(|(x, s)| x.iter().map(|v| 2.0 * s.3 * v).collect()).collect();
+            let norm = g.iter().flatten().map(|v| v * v).sum::<f64>().sqrt();
+            assert!(
+                (got.0[step - 1] - norm).abs() <= 1e-12 * norm,
+                "{dp}×{tp} step {step}: norm {} vs {norm}",
+                got.0[step - 1]
+            );
+            let f = if norm > 0.5 { 0.5 / (norm + 1e-6) } else { 1.0 };
+            let (c1, c2) = (1.0 - 0.9f64.powi(step as i32), 1.0 - 0.95f64.powi(step as i32));
+            for k in 0..specs.len() {
+                let wd = if specs[k].1.len() >= 2 { 0.1 } else { 0.0 };
+                for i in 0..w[k].len() {
+                    let gi = f * g[k][i];
+                    mo[k][i] = 0.9 * mo[k][i] + 0.1 * gi;
+                    ve[k][i] = 0.95 * ve[k][i] + 0.05 * gi * gi;
+                    let u = (mo[k][i] / c1) / ((ve[k][i] / c2).sqrt() + 1e-8) + wd * w[k][i];
+                    w[k][i] -= 0.01 * u;
+                }
+            }
+        }
+        for (k, (gw, gm, gv)) in got.1.iter().enumerate() {
+            for (what, a, b) in [("w", gw, &w[k]), ("m", gm, &mo[k]), ("v", gv, &ve[k])] {
+                assert_eq!(a.len(), b.len());
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 1e-12 * (1.0 + y.abs()),
+                        "{dp}×{tp} {} {what}[{i}]: {x} vs {y}",
+                        specs[k].0
+                    );
+                }
+            }
+        }
+    }
+}

@@ -508,6 +508,12 @@ impl Buffer {
         self.held().exported
     }
 
+    /// Whether this buffer and `other` are over one memory (the same allocation, borrowed or not):
+    /// positions in one are positions in the other.
+    pub fn same_memory(&self, other: &Buffer) -> bool {
+        self.memory_id() == other.memory_id()
+    }
+
     /// Whether this buffer's memory and `other`'s hold a byte in common (the same memory, or
     /// host ranges that meet).
     pub fn overlaps(&self, other: &Buffer) -> bool {
