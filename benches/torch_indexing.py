@@ -3,7 +3,8 @@
 Usage: python benches/torch_indexing.py SCALE REPEATS THREADS
 Times, with torch.set_num_threads(THREADS), each case at the sizes nx times (scaled by SCALE, as
 nx scales them): index_select, index_add_ (into zeros, the zeroing included), cumsum, a stable
-sort with indices, topk, and causal scaled_dot_product_attention. Prints the median seconds of
+sort with indices, topk, causal scaled_dot_product_attention, and its backward alone (the gradients
+of q, k and v given the output's, the forward run once before). Prints the median seconds of
 REPEATS runs after one warm-up, per case.
 """
 import json
@@ -50,4 +51,8 @@ out["topk"] = timed(lambda: torch.topk(y, 50, dim=1))
 b, h, t, d = 4, 16, n(2048), 64
 q, k, v = (torch.randn(b, h, t, d) for _ in range(3))
 out["attention"] = timed(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+go = torch.randn_like(o)
+out["attention_grad"] = timed(lambda: torch.autograd.grad(o, (qg, kg, vg), go, retain_graph=True))
 print(json.dumps(out))

@@ -3,7 +3,7 @@
 
 use nx::autodiff::{Dropout, Tape};
 use nx::nn::Params;
-use nx::optim::{warmup_cosine, AdamW, Sgd, Zero};
+use nx::optim::{warmup_cosine, AdamW, Moments, Sgd, Zero};
 use nx::{launch_with, LaunchOptions, Placement, Tensor};
 
 fn opts(n: usize) -> LaunchOptions {
@@ -254,17 +254,37 @@ fn layer_norm_of_many_rows_against_naive_f64() {
     close(&three.3, &db, 1e-5, "dbeta on three devices");
 }
 
+/// The gradients of `Σ_p s_p · Σ w_p²` over the parameters `specs` names (name, shape, cut, s).
+fn square_grads<'d>(
+    p: &Params<'d, f64>,
+    specs: &[(&str, Vec<usize>, bool, f64)],
+    whole: &Placement<'d>,
+) -> nx::Result<nx::autodiff::Grads<'d, f64>> {
+    let tape = Tape::new();
+    let b = p.bind(&tape);
+    let mut loss = None;
+    for (name, _, _, s) in specs {
+        let term = b.get(name)?.square()?.sum_all()?.scale(*s)?.place(whole)?;
+        loss = Some(match loss {
+            None => term,
+            Some(l) => term.add(&l)?,
+        });
+    }
+    tape.backward(&loss.expect("terms"))
+}
+
 #[test]
 fn adamw_steps_small_parameters_as_one_flat_array_and_large_ones_alone() {
     // parameters small (stepped as groups by placement and rank: cut over tp unevenly, whole, of
     // rank 2 so decayed) and one past the group bound (alone), three clipped steps, against AdamW
     // by hand in f64; loss Σ_p s_p · Σ w_p², so g = 2·s_p·w
-    let specs: [(&str, Vec<usize>, bool, f64); 6] = [
+    let specs: [(&str, Vec<usize>, bool, f64); 7] = [
         ("a", vec![5], true, 1.0),
         ("b", vec![3], false, 2.0),
         ("c", vec![2, 3], false, 0.5),
         ("d", vec![7], true, 1.5),
         ("e", vec![1], false, 3.0),
+        ("f", vec![2], true, 0.75),
         ("big", vec![3, 6000], true, 0.25),
     ];
     let init = |p: usize, i: usize| ((p * 31 + i * 7) % 13) as f64 / 13.0 - 0.4;
@@ -280,21 +300,21 @@ fn adamw_steps_small_parameters_as_one_flat_array_and_large_ones_alone() {
             }
             let mut adam = AdamW::new();
             adam.clip = Some(0.5);
+            let whole = Placement::mesh(&m, &[])?;
             let mut norms = Vec::new();
             for _ in 0..3 {
-                let tape = Tape::new();
-                let b = p.bind(&tape);
-                let mut loss = None;
-                for (name, _, _, s) in &specs {
-                    let term = b.get(name)?.square()?.sum_all()?.scale(*s)?.place(&Placement::mesh(&m, &[])?)?;
-                    loss = Some(match loss {
-                        None => term,
-                        Some(l) => term.add(&l)?,
-                    });
-                }
-                let g = tape.backward(&loss.expect("terms"))?;
+                let g = square_grads(&p, &specs, &whole)?;
                 norms.push(adam.step(&mut p, &g, 0.01)?);
             }
+            // the small parameters of one placement and rank were stepped as one array: they are
+            // views of one buffer; the large one has its own
+            let local = |n: &str| p.get(n).unwrap().to_local().unwrap();
+            if tp > 1 {
+                assert!(local("a").buffer().same_memory(local("d").buffer()), "a and d in one group");
+                assert!(local("a").buffer().same_memory(local("f").buffer()), "a and f in one group");
+            }
+            assert!(local("b").buffer().same_memory(local("e").buffer()), "b and e in one group");
+            assert!(!local("big").buffer().same_memory(local("a").buffer()));
             let mut out = Vec::new();
             for (name, ..) in &specs {
                 let w = p.get(name).unwrap();
@@ -302,6 +322,28 @@ fn adamw_steps_small_parameters_as_one_flat_array_and_large_ones_alone() {
                 assert_eq!(st.steps, 3);
                 assert!(st.m.placement().equal(w.placement()) && st.v.placement().equal(w.placement()));
                 out.push((w.full()?.to_vec()?, st.m.full()?.to_vec()?, st.v.full()?.to_vec()?));
+            }
+            // a run resumed from copies of the state and parameters (fresh arrays, gathered rather
+            // than read in place) steps as the run itself does, bit for bit
+            let mut again = AdamW::new();
+            again.clip = Some(0.5);
+            let mut p2 = Params::new();
+            for (name, ..) in &specs {
+                let st = adam.state(name).unwrap();
+                again.set_state(name, Moments { m: st.m.scale(1.0)?, v: st.v.scale(1.0)?, steps: st.steps });
+                p2.insert(name, p.get(name).unwrap().scale(1.0)?)?;
+            }
+            let mut p3 = Params::new();
+            for (name, ..) in &specs {
+                p3.insert(name, p.get(name).unwrap().clone())?;
+            }
+            let (g2, g3) = (square_grads(&p2, &specs, &whole)?, square_grads(&p3, &specs, &whole)?);
+            again.step(&mut p2, &g2, 0.01)?;
+            let mut continued = adam;
+            continued.step(&mut p3, &g3, 0.01)?;
+            for (name, ..) in &specs {
+                let (a, b) = (p2.get(name).unwrap().full()?.to_vec()?, p3.get(name).unwrap().full()?.to_vec()?);
+                assert_eq!(a, b, "{name}: resumed vs continued");
             }
             Ok((norms, out))
         })

@@ -342,23 +342,28 @@ fn rows_first(xs: &[f64], lead: usize, h: usize, t: usize, d: usize) -> Vec<f64>
     out
 }
 
-#[test]
-fn flash_attentions_layout_reads_and_writes_through_permuted_views() {
-    // every operand and destination a view [lead, h, t, d] of a dense [lead, t, h, d] array (a
-    // projection's output reshaped: FlashAttention's layout), forward and backward, against the
-    // naive gradient and bit for bit against the dense layout
-    let c = Case { lead: 2, hq: 4, hk: 2, tq: 9, tk: 11, dk: 6, dv: 5, causal: Some(2) };
-    let swap = |a: Array<f64>| a.apply(&nx_kernels::Move::Permute(vec![0, 2, 1, 3])).unwrap().unwrap();
-    let spec = Attention { scale: 0.45, causal: c.causal, acc: Dtype::F64 };
-    let xs = operands(&c, |x| x);
-    let want = naive(&c, &xs[0], &xs[1], &xs[2], &xs[3], spec.scale);
-    let dense = host_grads::<f64, f64>(&c, &xs, &spec, |x| x, 2);
-    let Case { lead, hq, hk, tq, tk, dk, dv, .. } = c;
-    let q = swap(arr(&[lead, tq, hq, dk], &rows_first(&xs[0], lead, hq, tq, dk), |x| x));
-    let k = swap(arr(&[lead, tk, hk, dk], &rows_first(&xs[1], lead, hk, tk, dk), |x| x));
-    let v = swap(arr(&[lead, tk, hk, dv], &rows_first(&xs[2], lead, hk, tk, dv), |x| x));
-    let go = swap(arr(&[lead, tq, hq, dv], &rows_first(&xs[3], lead, hq, tq, dv), |x| x));
-    let zeros = |s: &[usize]| Array::<f64>::zeros(DEV, s).unwrap();
+/// The forward and backward of `c` with every operand and destination a view `[lead, h, t, d]`
+/// of a dense `[lead, t, h, d]` array, against the dense layout's bits (and the naive gradient
+/// within `u`'s bound).
+fn rows_first_case<T: Element + PartialEq + std::fmt::Debug, L: Element + PartialEq + std::fmt::Debug>(
+    c: &Case,
+    spec: &Attention,
+    to: fn(f64) -> T,
+    round: fn(f64) -> f64,
+    u: f64,
+) where
+    f64: From<T>,
+{
+    let swap = |a: Array<T>| a.apply(&nx_kernels::Move::Permute(vec![0, 2, 1, 3])).unwrap().unwrap();
+    let xs = operands(c, round);
+    let want = naive(c, &xs[0], &xs[1], &xs[2], &xs[3], spec.scale);
+    let dense = host_grads::<T, L>(c, &xs, spec, to, 2);
+    let Case { lead, hq, hk, tq, tk, dk, dv, .. } = *c;
+    let q = swap(arr(&[lead, tq, hq, dk], &rows_first(&xs[0], lead, hq, tq, dk), to));
+    let k = swap(arr(&[lead, tk, hk, dk], &rows_first(&xs[1], lead, hk, tk, dk), to));
+    let v = swap(arr(&[lead, tk, hk, dv], &rows_first(&xs[2], lead, hk, tk, dv), to));
+    let go = swap(arr(&[lead, tq, hq, dv], &rows_first(&xs[3], lead, hq, tq, dv), to));
+    let zeros = |s: &[usize]| Array::<T>::zeros(DEV, s).unwrap();
     let (o_rows, dq_rows, dk_rows, dv_rows) = (
         zeros(&[lead, tq, hq, dv]),
         zeros(&[lead, tq, hq, dk]),
@@ -367,31 +372,50 @@ fn flash_attentions_layout_reads_and_writes_through_permuted_views() {
     );
     let (o, dq, dk_, dv_) = (swap(o_rows.clone()), swap(dq_rows.clone()), swap(dk_rows.clone()), swap(dv_rows.clone()));
     assert!(!o.layout().is_contiguous());
-    let lse = zeros(&[lead, hq, tq]);
+    let lse = Array::<L>::zeros(DEV, &[lead, hq, tq]).unwrap();
     let host = Host::with_threads(2).unwrap();
-    assert_eq!(host.attention(&spec, &o, &lse, &q, Kv::Dense { k: &k, v: &v }, None), Answer::Done);
+    assert_eq!(host.attention(spec, &o, &lse, &q, Kv::Dense { k: &k, v: &v }, None), Answer::Done);
     let g = AttentionGrad { q: &q, k: &k, v: &v, o: &o, lse: &lse, d_o: &go, dq: &dq, dk: &dk_, dv: &dv_ };
-    assert_eq!(host.attention_grad(&spec, g), Answer::Done);
-    let got = [dq_rows.to_vec().unwrap(), dk_rows.to_vec().unwrap(), dv_rows.to_vec().unwrap()];
+    assert_eq!(host.attention_grad(spec, g), Answer::Done);
+    let got = [f64s(&dq_rows), f64s(&dk_rows), f64s(&dv_rows)];
     let want_rows = [
         rows_first(&want[0], lead, hq, tq, dk),
         rows_first(&want[1], lead, hk, tk, dk),
         rows_first(&want[2], lead, hk, tk, dv),
     ];
-    check(&c, &got, &want_rows, f64::EPSILON / 2.0);
+    check(c, &got, &want_rows, u);
     let dims = [(hq, tq, dk), (hk, tk, dk), (hk, tk, dv)];
     for (i, (g, (h, t, d))) in got.iter().zip(dims).enumerate() {
-        assert_eq!(*g, rows_first(&dense[i].to_vec().unwrap(), lead, h, t, d), "gradient {i}: the dense layout's bits");
+        assert_eq!(*g, rows_first(&f64s(&dense[i]), lead, h, t, d), "{c:?} gradient {i}: the dense layout's bits");
     }
     // the output: the dense layout's bits, each row where the view puts it
-    let o_dense = Array::<f64>::zeros(DEV, &[lead, hq, tq, dv]).unwrap();
-    let lse_dense = zeros(&[lead, hq, tq]);
+    let o_dense = Array::<T>::zeros(DEV, &[lead, hq, tq, dv]).unwrap();
+    let lse_dense = Array::<L>::zeros(DEV, &[lead, hq, tq]).unwrap();
     let (qd, kd, vd) = (
-        arr(&[lead, hq, tq, dk], &xs[0], |x| x),
-        arr(&[lead, hk, tk, dk], &xs[1], |x| x),
-        arr(&[lead, hk, tk, dv], &xs[2], |x| x),
+        arr(&[lead, hq, tq, dk], &xs[0], to),
+        arr(&[lead, hk, tk, dk], &xs[1], to),
+        arr(&[lead, hk, tk, dv], &xs[2], to),
     );
-    assert_eq!(host.attention(&spec, &o_dense, &lse_dense, &qd, Kv::Dense { k: &kd, v: &vd }, None), Answer::Done);
-    assert_eq!(o_rows.to_vec().unwrap(), rows_first(&o_dense.to_vec().unwrap(), lead, hq, tq, dv));
-    assert_eq!(lse.to_vec().unwrap(), lse_dense.to_vec().unwrap());
+    assert_eq!(host.attention(spec, &o_dense, &lse_dense, &qd, Kv::Dense { k: &kd, v: &vd }, None), Answer::Done);
+    assert_eq!(f64s(&o_rows), rows_first(&f64s(&o_dense), lead, hq, tq, dv), "{c:?} o");
+    assert_eq!(lse.to_vec().unwrap(), lse_dense.to_vec().unwrap(), "{c:?} lse");
+    // an output whose rows are not at stride 1 is declined
+    let o_cols =
+        Array::<T>::zeros(DEV, &[lead, hq, dv, tq]).unwrap().apply(&nx_kernels::Move::Permute(vec![0, 1, 3, 2]));
+    let o_cols = o_cols.unwrap().unwrap();
+    assert_eq!(host.attention(spec, &o_cols, &lse, &q, Kv::Dense { k: &k, v: &v }, None), Answer::Declined);
+}
+
+#[test]
+fn flash_attentions_layout_reads_and_writes_through_permuted_views() {
+    // every operand and destination a view [lead, h, t, d] of a dense [lead, t, h, d] array (a
+    // projection's output reshaped: FlashAttention's layout), forward and backward: f64 rows
+    // copied whole, and f32 rows from an f64 accumulator stored an element at a time, with rows
+    // that see no key (causal offset −3)
+    let c = Case { lead: 2, hq: 4, hk: 2, tq: 9, tk: 11, dk: 6, dv: 5, causal: Some(2) };
+    let spec = Attention { scale: 0.45, causal: c.causal, acc: Dtype::F64 };
+    rows_first_case::<f64, f64>(&c, &spec, |x| x, |x| x, f64::EPSILON / 2.0);
+    let c = Case { lead: 1, hq: 3, hk: 1, tq: 8, tk: 7, dk: 5, dv: 4, causal: Some(-3) };
+    let spec = Attention { scale: 0.3, causal: c.causal, acc: Dtype::F64 };
+    rows_first_case::<f32, f64>(&c, &spec, |x| x as f32, |x| x as f32 as f64, f64::from(f32::EPSILON) / 2.0);
 }

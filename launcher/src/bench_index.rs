@@ -1,5 +1,6 @@
 //! `nx bench kernels`' indexing rows: gather (an embedding lookup), scatter-add (its gradient),
-//! cumsum, a stable sort with positions, top-k and causal attention, each timed against PyTorch on
+//! cumsum, a stable sort with positions, top-k, causal attention and its fused backward (against
+//! `scaled_dot_product_attention`'s backward alone), each timed against PyTorch on
 //! CPU in the same run (`benches/torch_indexing.py`, same thread count), in rounds of the peer
 //! then nx back to back; `peer_ratio` is the median over rounds of (peer's time) / (nx's time).
 //!
@@ -7,7 +8,7 @@
 //! of 50k, batch 4 × 16 heads × 2048 tokens × 64) and scale with `--size` (the peer scales alike).
 
 use nx::kernels::rig::Rig;
-use nx::kernels::{Answer, Array, Attention, Dtype, Host, Kernels, Kv, Reduction, Scatter};
+use nx::kernels::{Answer, Array, Attention, AttentionGrad, Dtype, Host, Kernels, Kv, Reduction, Scatter};
 use nx::Device;
 
 use crate::bench::{median, time, Row};
@@ -18,13 +19,14 @@ type Error = Box<dyn std::error::Error>;
 const ROUNDS: usize = 3;
 
 /// The names of the cases, as the peer's JSON keys them, with the rows' names.
-const CASES: [(&str, &str); 6] = [
+const CASES: [(&str, &str); 7] = [
     ("gather", "gather rows (embedding lookup)"),
     ("scatter_add", "scatter-add rows (its gradient)"),
     ("cumsum", "cumsum f32"),
     ("sort", "sort f32, stable, with positions"),
     ("topk", "top-50 of 50k per row"),
     ("attention", "causal attention f32 (b4 h16 d64)"),
+    ("attention_grad", "its backward (dq, dk, dv)"),
 ];
 
 fn scaled(x: usize, scale: f64) -> usize {
@@ -66,6 +68,24 @@ pub(crate) fn rows(size: usize, repeats: usize, python: &str) -> Result<(Vec<Row
         .collect::<Result<_, _>>()?;
     let (o, lse) = (Array::<f32>::zeros_on(&rig, &[b, h, t, d])?, Array::<f32>::zeros_on(&rig, &[b, h, t])?);
     let spec = Attention { scale: 0.125, causal: Some(0), acc: Dtype::F32 };
+    // the backward's inputs: the forward's o and lse (run once here), an output gradient
+    ok(host.attention(&spec, &o, &lse, &qkv[0], Kv::Dense { k: &qkv[1], v: &qkv[2] }, None));
+    let go =
+        Array::<f32>::from_fn_on(&rig, &[b, h, t, d], |i| ((i[2] * 7 + i[3] * 3 + i[1]) % 89) as f32 * 0.02 - 0.9)?;
+    let (o2, lse2) = (o.copy()?, lse.copy()?);
+    let dqkv: Vec<Array<f32>> =
+        (0..3).map(|_| Array::<f32>::zeros_on(&rig, &[b, h, t, d])).collect::<Result<_, _>>()?;
+    let backward = AttentionGrad {
+        q: &qkv[0],
+        k: &qkv[1],
+        v: &qkv[2],
+        o: &o2,
+        lse: &lse2,
+        d_o: &go,
+        dq: &dqkv[0],
+        dk: &dqkv[1],
+        dv: &dqkv[2],
+    };
     let mut run: Vec<Box<dyn FnMut()>> = vec![
         Box::new(|| ok(host.gather(0, &gathered, &table, &idx))),
         Box::new(|| ok(host.scatter(Scatter::Add, 0, &grad, None, &gathered, &idx))),
@@ -73,8 +93,10 @@ pub(crate) fn rows(size: usize, repeats: usize, python: &str) -> Result<(Vec<Row
         Box::new(|| ok(host.sort(0, false, Some(&sv), Some(&sp), &x))),
         Box::new(|| ok(host.sort(1, true, Some(&tv), Some(&tp), &y))),
         Box::new(|| ok(host.attention(&spec, &o, &lse, &qkv[0], Kv::Dense { k: &qkv[1], v: &qkv[2] }, None))),
+        Box::new(|| ok(host.attention_grad(&spec, backward))),
     ];
-    let (mut ours, mut theirs, mut ratios) = (vec![Vec::new(); 6], vec![Vec::new(); 6], vec![Vec::new(); 6]);
+    let n = CASES.len();
+    let (mut ours, mut theirs, mut ratios) = (vec![Vec::new(); n], vec![Vec::new(); n], vec![Vec::new(); n]);
     let mut note = String::new();
     for round in 0..ROUNDS {
         let p = if python == "none" { Err("skipped (--torch none)".to_string()) } else { peer(python, scale, repeats) };
@@ -95,7 +117,7 @@ pub(crate) fn rows(size: usize, repeats: usize, python: &str) -> Result<(Vec<Row
             break; // without a peer one round is the figure
         }
     }
-    let rows = (0..6)
+    let rows = (0..n)
         .map(|c| Row {
             name: CASES[c].1.into(),
             value: median(ours[c].clone()) * 1e3,

@@ -141,3 +141,30 @@ pub(super) fn group_squares<'d, T: Reducible>(ts: &[&Tensor<'d, T>]) -> Result<T
     };
     Ok(first.with_local(placement, vec![], local))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_reads_adjacent_windows_in_place_and_gathers_others() {
+        crate::launch_with(&crate::LaunchOptions { devices: Some(1), ..Default::default() }, |ctx| {
+            let whole = Array::<f32>::from_vec_on(ctx.rig(), &[7], (0..7).map(|x| x as f32).collect())?;
+            let (a, b) = (part(&whole, 0, &[1, 3])?, part(&whole, 3, &[4])?);
+            let f = flat(ctx, &[&a, &b])?;
+            assert!(f.buffer().same_memory(whole.buffer()) && f.layout().offset() == 0, "read in place");
+            assert_eq!(f.to_vec()?, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+            // out of order, or with a gap: gathered into a fresh array
+            let g = flat(ctx, &[&b, &a])?;
+            assert!(!g.buffer().same_memory(whole.buffer()));
+            assert_eq!(g.to_vec()?, [3.0, 4.0, 5.0, 6.0, 0.0, 1.0, 2.0]);
+            let h = flat(ctx, &[&a, &part(&whole, 4, &[3])?])?;
+            assert!(!h.buffer().same_memory(whole.buffer()));
+            assert_eq!(h.to_vec()?, [0.0, 1.0, 2.0, 4.0, 5.0, 6.0]);
+            // a span past the array is an error, not a read
+            assert!(part(&whole, 5, &[3]).is_err());
+            Ok(())
+        })
+        .unwrap();
+    }
+}

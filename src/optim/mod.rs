@@ -114,7 +114,7 @@ fn closed<'d, T: Reducible>(
     let squares = Tensor::place_all(&squares.iter().collect::<Vec<_>>(), &whole.iter().collect::<Vec<_>>())?;
     let mut sq = 0.0;
     for s in &squares {
-        let s = s.to_local().ok_or_else(|| err("nx::optim", "no sum of squares on this rank".into()))?;
+        let s = s.to_local().ok_or_else(|| err("nx::optim", format!("no sum of squares of {names:?} on this rank")))?;
         sq += s.to_vec()?[0].to_value().as_f64_lossy();
     }
     Ok((names.into_iter().zip(gs).collect(), sq.sqrt()))
@@ -285,12 +285,26 @@ impl<'d, T: Reducible> AdamW<'d, T> {
         let (m, v) = if !self.state.contains_key(&gs[members[0]].0) {
             (Array::<T>::zeros_on(ctx.rig(), &[n])?, Array::<T>::zeros_on(ctx.rig(), &[n])?)
         } else {
+            // each member's moments: windows of its parameter's shape (a state set from elsewhere)
             let moment = |second: bool| -> Result<Vec<&Array<T>>> {
                 members
                     .iter()
-                    .map(|&i| {
+                    .zip(&wl)
+                    .map(|(&i, w)| {
                         let s = self.state.get(&gs[i].0).and_then(|s| if second { &s.v } else { &s.m }.local.as_ref());
-                        s.ok_or_else(|| err(FUNC, format!("{}: no moment on this rank", gs[i].0)))
+                        match s {
+                            Some(a) if a.shape() == w.shape() => Ok(a),
+                            Some(a) => Err(err(
+                                FUNC,
+                                format!(
+                                    "{}: a moment's window {:?} for a parameter's {:?}",
+                                    gs[i].0,
+                                    a.shape(),
+                                    w.shape()
+                                ),
+                            )),
+                            None => Err(err(FUNC, format!("{}: no moment on this rank", gs[i].0))),
+                        }
                     })
                     .collect()
             };
