@@ -254,10 +254,11 @@ fn layer_norm_of_many_rows_against_naive_f64() {
     close(&three.3, &db, 1e-5, "dbeta on three devices");
 }
 
-/// The gradients of `Σ_p s_p · Σ w_p²` over the parameters `specs` names (name, shape, cut, s).
+/// The gradients of `Σ_p s_p · Σ w_p²` over the parameters `specs` names (name, shape, the mesh
+/// axis cutting its last axis or none, s).
 fn square_grads<'d>(
     p: &Params<'d, f64>,
-    specs: &[(&str, Vec<usize>, bool, f64)],
+    specs: &[(&str, Vec<usize>, &str, f64)],
     whole: &Placement<'d>,
 ) -> nx::Result<nx::autodiff::Grads<'d, f64>> {
     let tape = Tape::new();
@@ -278,28 +279,38 @@ fn adamw_steps_small_parameters_as_one_flat_array_and_large_ones_alone() {
     // parameters small (stepped as groups by placement and rank: cut over tp unevenly, whole, of
     // rank 2 so decayed) and one past the group bound (alone), three clipped steps, against AdamW
     // by hand in f64; loss Σ_p s_p · Σ w_p², so g = 2·s_p·w
-    let specs: [(&str, Vec<usize>, bool, f64); 7] = [
-        ("a", vec![5], true, 1.0),
-        ("b", vec![3], false, 2.0),
-        ("c", vec![2, 3], false, 0.5),
-        ("d", vec![7], true, 1.5),
-        ("e", vec![1], false, 3.0),
-        ("f", vec![2], true, 0.75),
-        ("big", vec![3, 6000], true, 0.25),
+    let specs: [(&str, Vec<usize>, &str, f64); 9] = [
+        ("a", vec![5], "tp", 1.0),
+        ("b", vec![3], "", 2.0),
+        ("c", vec![2, 3], "", 0.5),
+        ("d", vec![7], "tp", 1.5),
+        ("e", vec![1], "", 3.0),
+        ("f", vec![2], "tp", 0.75),
+        ("g", vec![4], "dp", 1.25),
+        ("h", vec![3], "dp", 0.6),
+        ("big", vec![3, 6000], "tp", 0.25),
     ];
     let init = |p: usize, i: usize| ((p * 31 + i * 7) % 13) as f64 / 13.0 - 0.4;
-    for (dp, tp) in [(1, 1), (2, 2), (1, 3)] {
+    let cases = [(1, 1, false), (2, 2, false), (1, 3, false), (2, 2, true), (2, 1, true)];
+    for (dp, tp, zero) in cases {
         let got = launch_with(&opts(dp * tp), |ctx| {
             let m = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
             let mut p = Params::new();
-            for (k, (name, shape, cut, _)) in specs.iter().enumerate() {
-                let at =
-                    if *cut { Placement::mesh(&m, &[(shape.len() - 1, &["tp"])])? } else { Placement::mesh(&m, &[])? };
+            for (k, (name, shape, axis, _)) in specs.iter().enumerate() {
+                let at = if axis.is_empty() {
+                    Placement::mesh(&m, &[])?
+                } else {
+                    Placement::mesh(&m, &[(shape.len() - 1, &[*axis])])?
+                };
                 let flat = |i: &[usize]| i.iter().zip(shape).fold(0, |a, (x, e)| a * e + x);
                 p.insert(name, Tensor::<f64>::from_fn(ctx, shape, &at, |i| init(k, flat(i)))?)?;
             }
+            // under ZeRO the parameters not cut over dp update on their shards, alone; those cut
+            // over dp already update where they lie, in groups
+            let zero = zero.then(|| Zero { axis: "dp".into() });
             let mut adam = AdamW::new();
             adam.clip = Some(0.5);
+            adam.zero = zero.clone();
             let whole = Placement::mesh(&m, &[])?;
             let mut norms = Vec::new();
             for _ in 0..3 {
@@ -309,24 +320,32 @@ fn adamw_steps_small_parameters_as_one_flat_array_and_large_ones_alone() {
             // the small parameters of one placement and rank were stepped as one array: they are
             // views of one buffer; the large one has its own
             let local = |n: &str| p.get(n).unwrap().to_local().unwrap();
-            if tp > 1 {
+            if tp > 1 && zero.is_none() {
                 assert!(local("a").buffer().same_memory(local("d").buffer()), "a and d in one group");
                 assert!(local("a").buffer().same_memory(local("f").buffer()), "a and f in one group");
             }
-            assert!(local("b").buffer().same_memory(local("e").buffer()), "b and e in one group");
+            if zero.is_none() {
+                assert!(local("b").buffer().same_memory(local("e").buffer()), "b and e in one group");
+            } else {
+                assert!(!local("b").buffer().same_memory(local("e").buffer()), "b and e on their shards");
+            }
+            assert!(local("g").buffer().same_memory(local("h").buffer()), "g and h in one group");
             assert!(!local("big").buffer().same_memory(local("a").buffer()));
             let mut out = Vec::new();
             for (name, ..) in &specs {
                 let w = p.get(name).unwrap();
                 let st = adam.state(name).unwrap();
                 assert_eq!(st.steps, 3);
-                assert!(st.m.placement().equal(w.placement()) && st.v.placement().equal(w.placement()));
+                if zero.is_none() {
+                    assert!(st.m.placement().equal(w.placement()) && st.v.placement().equal(w.placement()));
+                }
                 out.push((w.full()?.to_vec()?, st.m.full()?.to_vec()?, st.v.full()?.to_vec()?));
             }
             // a run resumed from copies of the state and parameters (fresh arrays, gathered rather
             // than read in place) steps as the run itself does, bit for bit
             let mut again = AdamW::new();
             again.clip = Some(0.5);
+            again.zero = zero.clone();
             let mut p2 = Params::new();
             for (name, ..) in &specs {
                 let st = adam.state(name).unwrap();
@@ -364,7 +383,7 @@ fn adamw_steps_small_parameters_as_one_flat_array_and_large_ones_alone() {
             let norm = g.iter().flatten().map(|v| v * v).sum::<f64>().sqrt();
             assert!(
                 (got.0[step - 1] - norm).abs() <= 1e-12 * norm,
-                "{dp}×{tp} step {step}: norm {} vs {norm}",
+                "{dp}×{tp} zero {zero}: step {step}: norm {} vs {norm}",
                 got.0[step - 1]
             );
             let f = if norm > 0.5 { 0.5 / (norm + 1e-6) } else { 1.0 };
@@ -386,7 +405,7 @@ fn adamw_steps_small_parameters_as_one_flat_array_and_large_ones_alone() {
                 for (i, (x, y)) in a.iter().zip(b).enumerate() {
                     assert!(
                         (x - y).abs() <= 1e-12 * (1.0 + y.abs()),
-                        "{dp}×{tp} {} {what}[{i}]: {x} vs {y}",
+                        "{dp}×{tp} zero {zero}: {} {what}[{i}]: {x} vs {y}",
                         specs[k].0
                     );
                 }

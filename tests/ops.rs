@@ -284,6 +284,28 @@ fn attention_runs_on_each_ranks_heads_and_matches_one_device() {
             assert!(o.placement().equal(&p));
             let got = o.full()?.to_vec()?;
             assert!(got.iter().zip(&want).all(|(x, y)| (x - y).abs() < 1e-12), "dp={dp},tp={tp}");
+            // FlashAttention's layout [b, t, h, d], the heads (axis 2) cut over tp in groups
+            let pt = "mesh(0:dp, 2:tp)".parse::<PlacementSpec>()?.over(&mesh)?;
+            let swap = |f: fn(&[usize]) -> f64| move |i: &[usize]| f(&[i[0], i[2], i[1], i[3]]);
+            let (qs, ks, vs) = (
+                Tensor::<f64>::from_fn(ctx, &[b, t, hq, d], &pt, swap(q))?,
+                Tensor::<f64>::from_fn(ctx, &[b, t, hk, d], &pt, swap(k))?,
+                Tensor::<f64>::from_fn(ctx, &[b, t, hk, d], &pt, swap(v))?,
+            );
+            let o = qs.attention_thd(&ks, &vs, true, None)?;
+            assert!(o.placement().equal(&pt) && o.shape() == [b, t, hq, d]);
+            let got = o.full()?.to_vec()?;
+            for (e, x) in got.iter().enumerate() {
+                let (bb, i, h, c) = (e / (t * hq * d), e / (hq * d) % t, e / d % hq, e % d);
+                let y = want[((bb * hq + h) * t + i) * d + c];
+                assert!((x - y).abs() < 1e-12, "thd dp={dp},tp={tp} [{bb}, {i}, {h}, {c}]: {x} vs {y}");
+            }
+            if tp > 1 {
+                let rows = "mesh(1:tp)".parse::<PlacementSpec>()?.over(&mesh)?;
+                let e = qs.place(&rows)?.attention_thd(&ks.place(&rows)?, &vs.place(&rows)?, true, None);
+                let e = e.unwrap_err().to_string();
+                assert!(e.contains("nx::Tensor::attention_thd") && e.contains("axis 1 is cut"), "{e}");
+            }
             // rows cut: an error naming the placement
             let rows = "mesh(2:dp.tp)".parse::<PlacementSpec>()?.over(&mesh)?;
             if dp * tp > 1 {
@@ -336,6 +358,12 @@ fn attention_refuses_heads_cut_off_their_groups_on_every_rank() {
         let k = Tensor::<f32>::zeros(ctx, &[1, 2, 3, 2], &p)?;
         let e = q.attention(&k, &k, false, None).unwrap_err().to_string();
         assert!(e.contains("not the groups of key heads"), "{e}");
+        // the same heads in FlashAttention's layout, axis 2
+        let p = Placement::split(2, ctx.devices())?;
+        let q = Tensor::<f32>::zeros(ctx, &[1, 3, 4, 2], &p)?;
+        let k = Tensor::<f32>::zeros(ctx, &[1, 3, 2, 2], &p)?;
+        let e = q.attention_thd(&k, &k, false, None).unwrap_err().to_string();
+        assert!(e.contains("nx::Tensor::attention_thd") && e.contains("not the groups of key heads"), "{e}");
         Ok(())
     });
     assert!(out.is_ok(), "{out:?}");
