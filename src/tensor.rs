@@ -654,16 +654,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         };
         let shape = kept(&self.shape);
         let local = match &self.local {
-            Some(a) => {
-                let dst = Array::<T>::uninit_on(self.ctx.rig(), &kept(a.shape()))?;
-                let mut p = Prog::new(&[T::DTYPE]);
-                let l = p.load(0);
-                let l = if square { p.mul(l, l) } else { l };
-                p.output(l);
-                let ops: [&dyn nx_kernels::Operand; 1] = [a];
-                check(func, self.ctx.host().reduce(&p, a.shape(), axes, &[Reduction::Sum], &[&dst], &[a]), &ops)?;
-                Some(dst)
-            }
+            Some(a) => Some(sum_local(func, &self.ctx, a, axes, square)?),
             None => None,
         };
         Ok(self.with_local(placement, shape, local))
@@ -686,6 +677,29 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         };
         Tensor::from_local(&self.ctx, shape, placement, out)
     }
+}
+
+/// The sum of `a`'s elements (or of their squares, where `square`) along `axes`, on this rank:
+/// `a`'s shape without `axes`.
+///
+/// # Errors
+/// The kernel's refusals, named by `func`.
+pub(crate) fn sum_local<T: Reducible>(
+    func: &'static str,
+    ctx: &Ctx<'_>,
+    a: &Array<T>,
+    axes: &[usize],
+    square: bool,
+) -> Result<Array<T>> {
+    let kept: Vec<usize> = a.shape().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &n)| n).collect();
+    let dst = Array::<T>::uninit_on(ctx.rig(), &kept)?;
+    let mut p = Prog::new(&[T::DTYPE]);
+    let l = p.load(0);
+    let l = if square { p.mul(l, l) } else { l };
+    p.output(l);
+    let ops: [&dyn nx_kernels::Operand; 1] = [a];
+    check(func, ctx.host().reduce(&p, a.shape(), axes, &[Reduction::Sum], &[&dst], &[a]), &ops)?;
+    Ok(dst)
 }
 
 pub(crate) fn check(func: &'static str, a: Answer, ops: &[&dyn nx_kernels::Operand]) -> Result<()> {

@@ -7,11 +7,10 @@
 //! most of its parameters by count and almost none by size.
 
 use nx_collectives::Reducible;
-use nx_kernels::prog::Prog;
-use nx_kernels::{Array, Kernels, Layout, Move, Operand, Reduction};
+use nx_kernels::{Array, Kernels, Layout, Move, Operand};
 use nx_placement::rules;
 
-use crate::tensor::{check, err};
+use crate::tensor::{check, err, sum_local};
 use crate::{Ctx, Result, Tensor};
 
 /// Parameters of at most this many elements are stepped in groups; larger ones alone (their own
@@ -105,23 +104,6 @@ pub(super) fn part<T: Reducible>(a: &Array<T>, at: usize, shape: &[usize]) -> Re
     Ok(span.apply(&Move::Reshape(shape.to_vec()))?.expect("a dense span reshapes"))
 }
 
-/// The squares of `g`'s elements summed on this rank (a scalar array), by the reduction
-/// `Tensor::sum_squares` runs.
-///
-/// # Errors
-/// The kernel's.
-pub(super) fn sum_squares<T: Reducible>(ctx: &Ctx<'_>, g: &Array<T>) -> Result<Array<T>> {
-    let dst = Array::<T>::uninit_on(ctx.rig(), &[])?;
-    let mut p = Prog::new(&[T::DTYPE]);
-    let l = p.load(0);
-    let sq = p.mul(l, l);
-    p.output(sq);
-    let shape = g.shape().to_vec();
-    let ops: [&dyn Operand; 1] = [g];
-    check("nx::optim::sum_squares", ctx.host().reduce(&p, &shape, &[0], &[Reduction::Sum], &[&dst], &[g]), &ops)?;
-    Ok(dst)
-}
-
 /// The sum of the squares of the tensors `ts` (one placement, `ts[0]`'s) as a scalar at the
 /// placement `Tensor::sum_squares` gives `ts[0]`: each rank's windows summed as one flat array.
 ///
@@ -136,7 +118,7 @@ pub(super) fn group_squares<'d, T: Reducible>(ts: &[&Tensor<'d, T>]) -> Result<T
     let axes: Vec<usize> = (0..first.shape.len()).collect();
     let placement = rules::reduce(FUNC, &first.placement, &axes)?;
     let local = match ts.iter().map(|t| t.local.as_ref()).collect::<Option<Vec<_>>>() {
-        Some(arrays) => Some(sum_squares(&first.ctx, &flat(&first.ctx, &arrays)?)?),
+        Some(arrays) => Some(sum_local(FUNC, &first.ctx, &flat(&first.ctx, &arrays)?, &[0], true)?),
         None => None,
     };
     Ok(first.with_local(placement, vec![], local))

@@ -316,9 +316,8 @@ impl<'d, T: Reducible> AdamW<'d, T> {
             let o = p.cast(o, T::DTYPE);
             p.output(o);
         }
-        let outs = [0, 1, 2].map(|_| Array::<T>::uninit_on(ctx.rig(), &[n]));
-        let [nw, nm, nv] = outs;
-        let (nw, nm, nv) = (nw?, nm?, nv?);
+        let fresh = || Array::<T>::uninit_on(ctx.rig(), &[n]);
+        let (nw, nm, nv) = (fresh()?, fresh()?, fresh()?);
         let read: [&dyn Operand; 4] = [&w, &m, &v, &g];
         check(FUNC, ctx.host().map(&p, &[n], &[&nw, &nm, &nv], &read), &read)?;
         let mut at = 0;
