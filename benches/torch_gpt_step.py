@@ -20,8 +20,9 @@ def param(*shape, std=0.02):
 
 p = {"tok": param(vocab, width), "pos": param(context, width), "head.w": param(width, vocab)}
 for i in range(layers):
-    for n, (a, b) in {"attn.q": (width, width), "attn.k": (width, width), "attn.v": (width, width),
-                      "attn.out": (width, width), "mlp.fc": (width, 4 * width), "mlp.proj": (4 * width, width)}.items():
+    # q, k and v one fused projection (GPT-2's c_attn), as nx's
+    for n, (a, b) in {"attn.qkv": (width, 3 * width), "attn.out": (width, width),
+                      "mlp.fc": (width, 4 * width), "mlp.proj": (4 * width, width)}.items():
         p[f"h{i}.{n}.w"] = param(a, b)
         p[f"h{i}.{n}.b"] = torch.nn.Parameter(torch.zeros(b))
     for n in ("ln1", "ln2"):
@@ -45,7 +46,7 @@ def forward(ids):
     x = p["tok"][ids] + p["pos"][:n]
     for i in range(layers):
         h = ln(x, f"h{i}.ln1")
-        q, k, v = (lin(h, f"h{i}.attn.{w}").view(b, n, heads, d).transpose(1, 2) for w in "qkv")
+        q, k, v = (y.view(b, n, heads, d).transpose(1, 2) for y in lin(h, f"h{i}.attn.qkv").split(width, dim=2))
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + lin(o.transpose(1, 2).reshape(b, n, width), f"h{i}.attn.out")
         h = torch.nn.functional.gelu(lin(ln(x, f"h{i}.ln2"), f"h{i}.mlp.fc"), approximate="tanh")

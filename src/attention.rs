@@ -6,10 +6,13 @@
 //! |---|---|---|
 //! | `attention(k, v)` | `q`, `k`, `v` `[lead…, heads, rows, d]` placed alike (lead and head axes may be cut, rows and d whole), not partial | `q`'s placement |
 //! | `attention_thd(k, v)` | the same as `[lead…, rows, heads, d]` (FlashAttention's layout) | `q`'s placement |
-//! | its gradient | the output's gradient placed as the output | `dq`, `dk`, `dv` placed as `q`, `k`, `v` (no communication) |
+//! | `attention_qkv()` | one value `[lead…, rows, 3, heads, d]` (`q`, `k`, `v` packed; lead and head axes may be cut, rows, the packing axis and d whole), not partial | its placement without the packing axis |
+//! | its gradient | the output's gradient placed as the output | `dq`, `dk`, `dv` placed as `q`, `k`, `v` (packed: one gradient placed as the packed value); no communication |
 
 use nx_collectives::Reducible;
 use nx_kernels::{Array, Attention, AttentionGrad, Dtype, Kernels, Kv, Move, Operand};
+
+use nx_placement::rules;
 
 use crate::tensor::{check, err};
 use crate::{Result, Tensor};
@@ -62,6 +65,18 @@ fn swapped(s: &[usize], swap: bool) -> Vec<usize> {
         s.swap(r - 3, r - 2);
     }
     s
+}
+
+/// The query, key and value windows of a packed array `[lead…, rows, 3, heads, d]`: views
+/// `[lead…, rows, heads, d]` of its entries 0, 1 and 2 along axis `rank − 3`.
+fn unpack<T: nx_kernels::Element>(a: &Array<T>) -> Result<[Array<T>; 3]> {
+    let axis = a.shape().len() - 3;
+    let part = |i: isize| -> Result<Array<T>> {
+        let m = Move::Slice { axis, start: Some(i), stop: Some(i + 1), step: 1 };
+        let s = a.apply(&m)?.expect("a slice is a view");
+        Ok(s.apply(&Move::Squeeze(axis))?.expect("a squeeze is a view"))
+    };
+    Ok([part(0)?, part(1)?, part(2)?])
 }
 
 impl<'d, T: Reducible> Tensor<'d, T> {
@@ -179,25 +194,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         }
         let (local, lse) = match (&self.local, &k.local, &v.local) {
             (Some(q), Some(kl), Some(vl)) => {
-                let acc = accumulator::<T>();
-                let dk = self.shape[r - 1];
-                let spec =
-                    Attention { scale: scale.unwrap_or(1.0 / (dk as f64).sqrt()), causal: causal.then_some(0), acc };
-                let mut os = q.shape().to_vec();
-                os[r - 1] = vl.shape()[r - 1];
-                let o = Array::<T>::uninit_on(self.ctx.rig(), &os)?;
-                // the lse of each row, heads first in either layout
-                let ls = swapped(&os, thd);
-                let lse = if acc == Dtype::F64 {
-                    Lse::F64(Array::<f64>::uninit_on(self.ctx.rig(), &ls[..r - 1])?)
-                } else {
-                    Lse::F32(Array::<f32>::uninit_on(self.ctx.rig(), &ls[..r - 1])?)
-                };
-                let (qv, kv, vv, ov) =
-                    (heads_first(q, thd)?, heads_first(kl, thd)?, heads_first(vl, thd)?, heads_first(&o, thd)?);
-                let answer =
-                    self.ctx.host().attention(&spec, &ov, lse.operand(), &qv, Kv::Dense { k: &kv, v: &vv }, None);
-                check(func, answer, &[q, kl, vl])?;
+                let (o, lse) = self.attend(func, [q, kl, vl], causal, scale, thd)?;
                 (Some(o), Some(lse))
             }
             _ => (None, None),
@@ -232,29 +229,13 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         }
         let locals = match (&self.local, &k.local, &v.local, &o.local, lse, &g.local) {
             (Some(q), Some(kl), Some(vl), Some(ol), Some(lse), Some(gl)) => {
-                let acc = accumulator::<T>();
-                let spec = Attention { scale, causal: causal.then_some(0), acc };
                 let rig = self.ctx.rig();
                 let (dq, dk, dv) = (
                     Array::<T>::uninit_on(rig, q.shape())?,
                     Array::<T>::uninit_on(rig, kl.shape())?,
                     Array::<T>::uninit_on(rig, vl.shape())?,
                 );
-                let h = |a: &Array<T>| heads_first(a, thd);
-                let (qv, kv, vv, ov, gv) = (h(q)?, h(kl)?, h(vl)?, h(ol)?, h(gl)?);
-                let (dqv, dkv, dvv) = (h(&dq)?, h(&dk)?, h(&dv)?);
-                let grad = AttentionGrad {
-                    q: &qv,
-                    k: &kv,
-                    v: &vv,
-                    o: &ov,
-                    lse: lse.operand(),
-                    d_o: &gv,
-                    dq: &dqv,
-                    dk: &dkv,
-                    dv: &dvv,
-                };
-                check(FUNC, self.ctx.host().attention_grad(&spec, grad), &[q, kl, vl, ol, gl])?;
+                self.attend_grad([q, kl, vl], ol, lse, gl, [&dq, &dk, &dv], causal, scale, thd)?;
                 [Some(dq), Some(dk), Some(dv)]
             }
             _ => [None, None, None],
@@ -265,5 +246,156 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             k.with_local(k.placement.clone(), k.shape.clone(), dk),
             v.with_local(v.placement.clone(), v.shape.clone(), dv),
         ])
+    }
+}
+
+impl<'d, T: Reducible> Tensor<'d, T> {
+    /// This rank's attention of local arrays `q`, `k`, `v` (`[lead…, heads, rows, d]`, or
+    /// `[lead…, rows, heads, d]` where `thd`, views allowed): the output (dense, in the operands'
+    /// layout) and each query row's log-sum-exp (`[lead…, heads, rows]`).
+    fn attend(
+        &self,
+        func: &'static str,
+        [q, k, v]: [&Array<T>; 3],
+        causal: bool,
+        scale: Option<f64>,
+        thd: bool,
+    ) -> Result<(Array<T>, Lse)> {
+        let r = q.shape().len();
+        let acc = accumulator::<T>();
+        let dk = q.shape()[r - 1];
+        let spec = Attention { scale: scale.unwrap_or(1.0 / (dk as f64).sqrt()), causal: causal.then_some(0), acc };
+        let mut os = q.shape().to_vec();
+        os[r - 1] = v.shape()[r - 1];
+        let o = Array::<T>::uninit_on(self.ctx.rig(), &os)?;
+        // the lse of each row, heads first in either layout
+        let ls = swapped(&os, thd);
+        let lse = if acc == Dtype::F64 {
+            Lse::F64(Array::<f64>::uninit_on(self.ctx.rig(), &ls[..r - 1])?)
+        } else {
+            Lse::F32(Array::<f32>::uninit_on(self.ctx.rig(), &ls[..r - 1])?)
+        };
+        let (qv, kv, vv, ov) =
+            (heads_first(q, thd)?, heads_first(k, thd)?, heads_first(v, thd)?, heads_first(&o, thd)?);
+        let answer = self.ctx.host().attention(&spec, &ov, lse.operand(), &qv, Kv::Dense { k: &kv, v: &vv }, None);
+        check(func, answer, &[q, k, v])?;
+        Ok((o, lse))
+    }
+
+    /// This rank's gradients of [`Tensor::attend`]'s output `o` (log-sum-exp `lse`) given `g`,
+    /// written into `dq`, `dk`, `dv` (laid out as the operands; views with their last axis at
+    /// stride 1 allowed).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_grad(
+        &self,
+        [q, k, v]: [&Array<T>; 3],
+        o: &Array<T>,
+        lse: &Lse,
+        g: &Array<T>,
+        [dq, dk, dv]: [&Array<T>; 3],
+        causal: bool,
+        scale: f64,
+        thd: bool,
+    ) -> Result<()> {
+        let spec = Attention { scale, causal: causal.then_some(0), acc: accumulator::<T>() };
+        let h = |a: &Array<T>| heads_first(a, thd);
+        let (qv, kv, vv, ov, gv) = (h(q)?, h(k)?, h(v)?, h(o)?, h(g)?);
+        let (dqv, dkv, dvv) = (h(dq)?, h(dk)?, h(dv)?);
+        let grad = AttentionGrad {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            o: &ov,
+            lse: lse.operand(),
+            d_o: &gv,
+            dq: &dqv,
+            dk: &dkv,
+            dv: &dvv,
+        };
+        check("nx::Tensor::attention_grad", self.ctx.host().attention_grad(&spec, grad), &[q, k, v, o, g])
+    }
+
+    /// [`Tensor::attention_thd`] of the queries, keys and values packed in one value `self`
+    /// `[lead…, rows, 3, heads, d]` (entries 0, 1, 2 of axis `rank − 3`: a fused projection's
+    /// `[b, t, 3·width]` output reshaped, GPT-2's `c_attn`), the result `[lead…, rows, heads, d]`.
+    /// The kernel reads the three as views of this rank's window: no copy. Heads (and lead axes)
+    /// may be cut; rows, the packing axis and `d` must be whole.
+    ///
+    /// ```
+    /// # nx::launch_with(&nx::LaunchOptions { devices: Some(2), ..Default::default() }, |ctx| {
+    /// // [batch, rows, 3, heads, d], the heads over the two devices
+    /// let p = nx::Placement::split(3, ctx.devices())?;
+    /// let x = nx::Tensor::<f32>::from_fn(ctx, &[1, 3, 3, 2, 4], &p, |i| (i[1] + i[2] + i[4]) as f32 * 0.1)?;
+    /// let o = x.attention_qkv(true, None)?;
+    /// assert_eq!(o.shape(), [1, 3, 2, 4]);
+    /// let part = |i| x.narrow(2, i, 1)?.reshape(&[1, 3, 2, 4]);
+    /// let want = part(0)?.attention_thd(&part(1)?, &part(2)?, true, None)?;
+    /// assert_eq!(o.full()?.to_vec()?, want.full()?.to_vec()?);
+    /// # Ok(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// A rank below 4 or a packing axis of other than 3 entries; a partial value, or rows, the
+    /// packing axis or `d` cut.
+    pub fn attention_qkv(&self, causal: bool, scale: Option<f64>) -> Result<Self> {
+        Ok(self.attention_qkv_saved(causal, scale)?.0)
+    }
+
+    /// [`Tensor::attention_qkv`] and the log-sum-exp of each of this rank's query rows.
+    pub(crate) fn attention_qkv_saved(&self, causal: bool, scale: Option<f64>) -> Result<(Self, Option<Lse>)> {
+        const FUNC: &str = "nx::Tensor::attention_qkv";
+        let r = self.shape.len();
+        if r < 4 || self.shape[r - 3] != 3 {
+            return Err(err(FUNC, format!("a value {:?}: needs [lead…, rows, 3, heads, d]", self.shape)));
+        }
+        for axis in [r - 4, r - 3, r - 1] {
+            self.whole(FUNC, axis, false)?;
+        }
+        let placement = rules::reduce(FUNC, &self.placement, &[r - 3])?;
+        let mut shape = self.shape.clone();
+        shape.remove(r - 3);
+        let (local, lse) = match &self.local {
+            Some(a) => {
+                let [q, k, v] = unpack(a)?;
+                let (o, lse) = self.attend(FUNC, [&q, &k, &v], causal, scale, true)?;
+                (Some(o), Some(lse))
+            }
+            None => (None, None),
+        };
+        Ok((self.with_local(placement, shape, local), lse))
+    }
+
+    /// The gradient of `o = self.attention_qkv_saved(causal, Some(scale))` (its log-sum-exp
+    /// `lse`) given `g` placed as `o`: one value placed as this one, `dq`, `dk` and `dv` written
+    /// by the fused kernel into its three entries (no communication, no copy).
+    ///
+    /// # Errors
+    /// `g` of another shape or placement than `o`; the kernel's refusals.
+    pub(crate) fn attention_qkv_grad(
+        &self,
+        o: &Tensor<'d, T>,
+        lse: Option<&Lse>,
+        g: &Tensor<'d, T>,
+        causal: bool,
+        scale: f64,
+    ) -> Result<Self> {
+        const FUNC: &str = "nx::Tensor::attention_qkv_grad";
+        if g.shape != o.shape || !g.placement.equal(&o.placement) {
+            return Err(err(
+                FUNC,
+                format!("a gradient {:?} at {} for an output {:?} at {}", g.shape, g.placement, o.shape, o.placement),
+            ));
+        }
+        let local = match (&self.local, &o.local, lse, &g.local) {
+            (Some(a), Some(ol), Some(lse), Some(gl)) => {
+                let d = Array::<T>::uninit_on(self.ctx.rig(), a.shape())?;
+                let [q, k, v] = unpack(a)?;
+                let [dq, dk, dv] = unpack(&d)?;
+                self.attend_grad([&q, &k, &v], ol, lse, gl, [&dq, &dk, &dv], causal, scale, true)?;
+                Some(d)
+            }
+            _ => None,
+        };
+        Ok(self.with_local(self.placement.clone(), self.shape.clone(), local))
     }
 }

@@ -310,6 +310,20 @@ fn attention_in_flash_attentions_layout_with_heads_cut() {
 }
 
 #[test]
+fn attention_of_packed_queries_keys_and_values_with_heads_cut() {
+    // [b, t, 3, h, d]: q, k, v entries of axis 2; the heads (axis 3) cut unevenly over b
+    fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
+        let p = Placement::mesh(m, &[(0, &["a"]), (3, &["b"])])?;
+        let x = mk.leaf(ctx, &[2, 5, 3, 3, 2], &p, 1)?;
+        let o = x.attention_qkv(true)?;
+        let o2 = x.attention_qkv(false)?;
+        // a second use of the packed value: its gradients accumulate onto the fused backward's
+        weighted(ctx, &o, 4)?.add(&weighted(ctx, &o2, 5)?)?.add(&weighted(ctx, &x.tanh()?, 6)?)
+    }
+    check(case, ALL, false);
+}
+
+#[test]
 fn transitions_on_three_axes() {
     fn case<'d>(ctx: &Ctx<'d>, m: &Mesh<'d>, mk: &mut Mk<'d>) -> Result<Var<'d, f64>> {
         let x = mk.leaf(ctx, &[5, 3, 4], &Placement::mesh(m, &[(0, &["a"]), (2, &["c"])])?, 1)?;

@@ -248,6 +248,73 @@ fn concat_stack_and_softmax_match_one_device() {
 }
 
 #[test]
+fn attention_qkv_reads_queries_keys_and_values_packed_in_one_value() {
+    for (dp, tp) in [(1, 1), (2, 1), (1, 2), (2, 2), (1, 4)] {
+        let (b, h, t, d) = (dp + 1, 2 * tp, 9, 3);
+        // entry e of axis 2: 0 queries, 1 keys, 2 values
+        let x = |i: &[usize]| ((i[0] * 31 + i[1] * 17 + i[2] * 29 + i[3] * 7 + i[4] * 3) % 19) as f64 / 19.0 - 0.5;
+        let at = |bb: usize, i: usize, e: usize, hh: usize, c: usize| x(&[bb, i, e, hh, c]);
+        // the naive softmax(QKᵀ/√d)V in f64, causal or not, [b, t, h, d]
+        let naive = |causal: bool| {
+            let mut want = vec![0.0; b * t * h * d];
+            for bb in 0..b {
+                for hh in 0..h {
+                    for i in 0..t {
+                        let seen = if causal { i + 1 } else { t };
+                        let s: Vec<f64> = (0..seen)
+                            .map(|j| {
+                                (0..d).map(|c| at(bb, i, 0, hh, c) * at(bb, j, 1, hh, c)).sum::<f64>()
+                                    / (d as f64).sqrt()
+                            })
+                            .collect();
+                        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = s.iter().map(|y| (y - m).exp()).sum();
+                        for c in 0..d {
+                            want[((bb * t + i) * h + hh) * d + c] =
+                                (0..seen).map(|j| (s[j] - m).exp() / z * at(bb, j, 2, hh, c)).sum();
+                        }
+                    }
+                }
+            }
+            want
+        };
+        launch_with(&opts(dp * tp), |ctx| {
+            let mesh = ctx.mesh(&[("dp", dp), ("tp", tp)])?;
+            let p = "mesh(0:dp, 3:tp)".parse::<PlacementSpec>()?.over(&mesh)?;
+            let packed = Tensor::<f64>::from_fn(ctx, &[b, t, 3, h, d], &p, x)?;
+            for causal in [true, false] {
+                let o = packed.attention_qkv(causal, None)?;
+                let want_p = "mesh(0:dp, 2:tp)".parse::<PlacementSpec>()?.over(&mesh)?;
+                assert!(o.placement().equal(&want_p) && o.shape() == [b, t, h, d], "{}", o.placement());
+                let got = o.full()?.to_vec()?;
+                for (e, (g, w)) in got.iter().zip(naive(causal)).enumerate() {
+                    assert!((g - w).abs() < 1e-12, "dp={dp},tp={tp},causal={causal} element {e}: {g} vs {w}");
+                }
+            }
+            // the packing axis, the rows or d cut; an axis of other than 3 entries; rank 3
+            if tp > 1 {
+                for (spec, axis) in [("mesh(2:tp)", 2), ("mesh(1:tp)", 1), ("mesh(4:tp)", 4)] {
+                    let cut = packed.place(&spec.parse::<PlacementSpec>()?.over(&mesh)?)?;
+                    let e = cut.attention_qkv(true, None).unwrap_err().to_string();
+                    assert!(
+                        e.contains("nx::Tensor::attention_qkv") && e.contains(&format!("axis {axis} is cut")),
+                        "{e}"
+                    );
+                }
+            }
+            let whole = "mesh()".parse::<PlacementSpec>()?.over(&mesh)?;
+            let four = Tensor::<f64>::zeros(ctx, &[b, t, 4, h, d], &whole)?;
+            let e = four.attention_qkv(true, None).unwrap_err().to_string();
+            assert!(e.contains("nx::Tensor::attention_qkv") && e.contains("[lead…, rows, 3, heads, d]"), "{e}");
+            let e = Tensor::<f64>::zeros(ctx, &[t, 3, d], &whole)?.attention_qkv(true, None).unwrap_err().to_string();
+            assert!(e.contains("nx::Tensor::attention_qkv"), "{e}");
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("dp={dp},tp={tp}: {e}"));
+    }
+}
+
+#[test]
 fn attention_runs_on_each_ranks_heads_and_matches_one_device() {
     for (dp, tp) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
         let (b, hq, hk, t, d) = (dp + 1, 4 * tp, 2 * tp, 13, 5);

@@ -28,8 +28,10 @@ def layer_norm(x, pre):
 
 
 def linear(x, pre, bias=True):
-    y = x @ p[pre + ".w"]
-    return y + p[pre + ".b"] if bias else y
+    # nx's fused q, k, v weight [width, 3, width] (bias [3, width]) read as [width, 3·width]
+    w = p[pre + ".w"]
+    y = x @ w.reshape(w.shape[0], -1)
+    return y + p[pre + ".b"].reshape(-1) if bias else y
 
 
 def forward(ids):
@@ -38,7 +40,7 @@ def forward(ids):
     d = width // heads
     for i in range(layers):
         h = layer_norm(x, f"h{i}.ln1")
-        q, k, v = (linear(h, f"h{i}.attn.{w}").view(b, n, heads, d).transpose(1, 2) for w in "qkv")
+        q, k, v = (y.view(b, n, heads, d).transpose(1, 2) for y in linear(h, f"h{i}.attn.qkv").split(width, dim=2))
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + linear(o.transpose(1, 2).reshape(b, n, width), f"h{i}.attn.out")
         h = layer_norm(x, f"h{i}.ln2")

@@ -218,6 +218,11 @@ pub(crate) fn shares_byte_bits(a: &Layout, sa: usize, b: &Layout, sb: usize) -> 
     if dense(a, sa_i, (a0, a1)) && dense(b, sb_i, (b0, b1)) {
         return true;
     }
+    if sa == sb {
+        if let Some(meet) = lattices_meet(a, b) {
+            return meet;
+        }
+    }
     // Starts of a's elements within the common span, sorted; then each of b's elements looks for
     // one whose bytes meet its own.
     let mut starts: Vec<isize> = a.positions().map(|p| p * sa_i).filter(|&s| s + sa_i > lo && s < hi).collect();
@@ -226,6 +231,61 @@ pub(crate) fn shares_byte_bits(a: &Layout, sa: usize, b: &Layout, sb: usize) -> 
         let k = starts.partition_point(|&s| s + sa_i <= q);
         k < starts.len() && starts[k] < q + sb_i
     })
+}
+
+/// The axes of `l` as (extent, |stride|) by ascending stride, extent-1 axes left out, and its
+/// least position; `None` for a broadcast (stride 0) axis.
+fn lattice(l: &Layout) -> Option<(Vec<(usize, isize)>, isize)> {
+    let mut base = l.offset();
+    let mut axes = Vec::with_capacity(l.rank());
+    for (&n, &s) in l.shape().iter().zip(l.strides()) {
+        if n == 1 {
+            continue;
+        }
+        if s == 0 {
+            return None;
+        }
+        if s < 0 {
+            base += (n as isize - 1) * s;
+        }
+        axes.push((n, s.abs()));
+    }
+    axes.sort_unstable_by_key(|&(n, s)| (s, n));
+    Some((axes, base))
+}
+
+/// Whether two layouts of elements of one width share a position, decided without listing them
+/// where both are the same lattice of nested strides moved by an offset (views of one dense
+/// array's entries along an axis: packed `q`, `k`, `v`): with the strides ascending and each
+/// greater than the reach `Σ (n − 1)·s` of those below it, a difference of positions has at
+/// most two candidate digits an axis, tried from the largest stride down. `None` where the
+/// layouts are not such a pair (the caller lists positions).
+fn lattices_meet(a: &Layout, b: &Layout) -> Option<bool> {
+    let ((axes, base_a), (axes_b, base_b)) = (lattice(a)?, lattice(b)?);
+    if axes != axes_b || axes.len() > 16 {
+        return None;
+    }
+    // reach[k]: the greatest |Σ j·s| of the axes below k
+    let mut reach = Vec::with_capacity(axes.len() + 1);
+    reach.push(0isize);
+    for &(n, s) in &axes {
+        let below = *reach.last().expect("starts with 0");
+        if s <= below {
+            return None;
+        }
+        reach.push(below.checked_add((n as isize - 1).checked_mul(s)?)?);
+    }
+    // is `delta` Σ j_k·s_k with |j_k| < n_k over axes 0..k?
+    fn solve(axes: &[(usize, isize)], reach: &[isize], delta: isize) -> bool {
+        let Some((&(n, s), lower)) = axes.split_last() else { return delta == 0 };
+        let below = reach[lower.len()];
+        let f = delta.div_euclid(s);
+        [f, f + 1].into_iter().any(|j| {
+            let r = delta - j * s;
+            j.unsigned_abs() < n && r.abs() <= below && solve(lower, reach, r)
+        })
+    }
+    Some(solve(&axes, &reach, base_b - base_a))
 }
 
 /// [`shares_byte_bits`] where either element is narrower than a byte: the byte ranges of every

@@ -260,3 +260,64 @@ fn large_buffers_are_mapped_zeroed_and_freed() {
         a.buffer().free().unwrap();
     }
 }
+
+/// Two views of a dense array's entries `i` and `j` along axis `axis` (that axis dropped), both
+/// with one axis reversed where `flip`, both permuted by `perm`: packed `q`, `k`, `v`.
+fn entry_views(
+    shape: &[usize],
+    axis: usize,
+    (i, j): (usize, usize),
+    flip: Option<usize>,
+    rot: usize,
+) -> (Layout, Layout) {
+    let mut strides = vec![1isize; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        strides[k] = strides[k + 1] * shape[k + 1] as isize;
+    }
+    let view = |e: usize| {
+        let mut sh: Vec<usize> = shape.to_vec();
+        let mut st = strides.clone();
+        let mut off = e as isize * st[axis];
+        sh.remove(axis);
+        st.remove(axis);
+        if let Some(f) = flip.filter(|&f| f < sh.len()) {
+            off += (sh[f] as isize - 1) * st[f];
+            st[f] = -st[f];
+        }
+        let r = sh.len();
+        let (sh, st): (Vec<usize>, Vec<isize>) = (0..r).map(|k| (sh[(k + rot) % r], st[(k + rot) % r])).unzip();
+        Layout::new(sh, st, off).unwrap()
+    };
+    (view(i), view(j))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn interleaved_entries_of_one_array_meet_only_where_they_are_one_entry(
+        shape in prop::collection::vec(1usize..5, 2..5),
+        pick in (0usize..8, 0usize..8, 0usize..8),
+        flip in prop::option::of(0usize..4),
+        rot in 0usize..4,
+        size in prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
+    ) {
+        let axis = pick.0 % shape.len();
+        let (i, j) = (pick.1 % shape[axis], pick.2 % shape[axis]);
+        let (a, b) = entry_views(&shape, axis, (i, j), flip, rot);
+        prop_assert_eq!(shares_byte(&a, size, &b, size), i == j, "{:?} vs {:?}", a, b);
+        prop_assert_eq!(shares_byte(&a, size, &b, size), brute_shares(&a, size, &b, size));
+    }
+
+    #[test]
+    fn a_strided_layout_moved_by_any_offset_meets_itself_exactly(
+        axes in prop::collection::vec((1usize..4, 1isize..9), 1..4),
+        shift in -40isize..40,
+        size in prop_oneof![Just(1usize), Just(4)],
+    ) {
+        let (shape, strides): (Vec<usize>, Vec<isize>) = axes.into_iter().unzip();
+        let a = Layout::new(shape.clone(), strides.clone(), 40).unwrap();
+        let b = Layout::new(shape, strides, 40 + shift).unwrap();
+        prop_assert_eq!(shares_byte(&a, size, &b, size), brute_shares(&a, size, &b, size), "{:?} vs {:?}", a, b);
+    }
+}

@@ -554,6 +554,30 @@ impl<'d, T: Reducible> Var<'d, T> {
         self.attention_in(k, v, causal, true)
     }
 
+    /// [`Var::attention_thd`] of the queries, keys and values packed in `self` `[b, t, 3, h, d]`
+    /// ([`Tensor::attention_qkv`]: a fused projection's output reshaped); the output
+    /// `[b, t, h, d]`. Its gradient is one value placed as `self`, the fused backward writing
+    /// `dq`, `dk`, `dv` into its three entries.
+    ///
+    /// # Errors
+    /// As [`Tensor::attention_qkv`]; shapes other than `[b, t, 3, h, d]`.
+    pub fn attention_qkv(&self, causal: bool) -> Result<Self> {
+        let x = &self.value;
+        if x.shape.len() != 5 {
+            return Err(err(
+                "nx::autodiff::Var::attention_qkv",
+                format!("a value {:?}: needs [b, t, 3, h, d]", x.shape),
+            ));
+        }
+        let scale = 1.0 / (x.shape[4] as f64).sqrt();
+        let (out, lse) = x.attention_qkv_saved(causal, Some(scale))?;
+        let (x, o) = (x.clone(), out.clone());
+        Ok(self.tape.record(out, &[self], move |g| {
+            let g = fit(g, &o.placement)?;
+            Ok(vec![Some(x.attention_qkv_grad(&o, lse.as_ref(), &g, causal, scale)?)])
+        }))
+    }
+
     fn attention_in(&self, k: &Var<'d, T>, v: &Var<'d, T>, causal: bool, thd: bool) -> Result<Self> {
         let func = if thd { "nx::autodiff::Var::attention_thd" } else { "nx::autodiff::Var::attention" };
         self.check_tape(func, k)?;

@@ -1,10 +1,11 @@
 //! A GPT (decoder-only transformer, pre-norm, learned positions) over `dp` × `tp`: activations'
 //! batch cut over `dp`; attention heads and the MLP's hidden features cut over `tp` (Megatron:
-//! `q`, `k`, `v` and the first MLP layer column-parallel, the output projections row-parallel,
+//! `q`, `k`, `v` (one fused projection, GPT-2's `c_attn`) and the first MLP layer column-parallel, the output projections row-parallel,
 //! two all-reduces a block forward and two backward); the output head column-parallel over the
 //! vocabulary, its cross-entropy closed across `tp` without gathering the logits.
 
 use nx_collectives::Reducible;
+use nx_kernels::Contraction;
 
 use super::{Bound, Embedding, LayerNorm, Layout, Linear, Parallel, Params};
 use crate::autodiff::Var;
@@ -26,12 +27,13 @@ pub struct GptConfig {
     pub width: usize,
 }
 
-/// Causal self-attention: `q`, `k`, `v` column-parallel, the output row-parallel.
+/// Causal self-attention: `q`, `k`, `v` one column-parallel projection (weight `[width, 3,
+/// width]`, its last axis cut over `tp`: each rank's columns of all three), the output
+/// row-parallel.
 #[derive(Debug, Clone)]
 pub struct SelfAttention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    qkv: String,
+    width: usize,
     out: Linear,
     heads: usize,
 }
@@ -251,20 +253,21 @@ impl Gpt {
 }
 
 impl SelfAttention {
-    /// Causal self-attention of `width` features in `heads` heads, parameters `{prefix}.q`, `.k`,
-    /// `.v` (column-parallel) and `.out` (row-parallel).
+    /// Causal self-attention of `width` features in `heads` heads, parameters `{prefix}.qkv.w`
+    /// `[width, 3, width]` and `{prefix}.qkv.b` `[3, width]` (`q`, `k`, `v` column-parallel: the
+    /// last axis cut over `tp`; `[width, 3·width]` in C order is GPT-2's `c_attn`), and
+    /// `{prefix}.out` (row-parallel).
     pub fn new(prefix: &str, width: usize, heads: usize) -> SelfAttention {
         SelfAttention {
-            q: linear(format!("{prefix}.q"), width, width, Parallel::Column),
-            k: linear(format!("{prefix}.k"), width, width, Parallel::Column),
-            v: linear(format!("{prefix}.v"), width, width, Parallel::Column),
+            qkv: format!("{prefix}.qkv"),
+            width,
             out: linear(format!("{prefix}.out"), width, width, Parallel::Row),
             heads,
         }
     }
 
-    /// Adds the parameters (normal weights of deviation `std`, the output's `out_std`) from seeds
-    /// `seed..seed + 4`.
+    /// Adds the parameters (normal weights of deviation `std` from `seed`, the output's
+    /// `out_std` from `seed + 3`; zero biases).
     ///
     /// # Errors
     /// A name already present.
@@ -277,9 +280,10 @@ impl SelfAttention {
         std: f64,
         out_std: f64,
     ) -> Result<()> {
-        for (i, lin) in [&self.q, &self.k, &self.v].into_iter().enumerate() {
-            lin.init(ctx, l, p, seed.wrapping_add(i as u64), std)?;
-        }
+        let c = self.width;
+        let w = Tensor::randn(ctx, &[c, 3, c], &l.cut(&[(2, &["tp"])])?, seed)?.scale(std)?;
+        p.insert(&format!("{}.w", self.qkv), w)?;
+        p.insert(&format!("{}.b", self.qkv), Tensor::zeros(ctx, &[3, c], &l.cut(&[(1, &["tp"])])?)?)?;
         self.out.init(ctx, l, p, seed.wrapping_add(3), out_std)
     }
 
@@ -289,20 +293,23 @@ impl SelfAttention {
     /// An input of another shape; `tp` not dividing the heads.
     pub fn forward<'d, T: Reducible>(&self, p: &Bound<'d, T>, x: &Var<'d, T>) -> Result<Var<'d, T>> {
         let s = x.shape();
-        if s.len() != 3 || !s[2].is_multiple_of(self.heads) {
+        if s.len() != 3 || s[2] != self.width || !s[2].is_multiple_of(self.heads) {
             return Err(err(
                 "nx::nn::gpt::SelfAttention::forward",
-                format!("an input {s:?}: needs [b, t, width] with width a multiple of {} heads", self.heads),
+                format!(
+                    "an input {s:?}: needs [b, t, {}] ({} features, a multiple of {} heads)",
+                    self.width, self.width, self.heads
+                ),
             ));
         }
         let (b, t, c) = (s[0], s[1], s[2]);
         let (h, d) = (self.heads, c / self.heads);
-        // [b, t, h, d]: the projections reshaped (no copy), attention in FlashAttention's layout
-        let split = |y: Var<'d, T>| y.reshape(&[b, t, h, d]);
-        let q = split(self.q.forward(p, x)?)?;
-        let k = split(self.k.forward(p, x)?)?;
-        let v = split(self.v.forward(p, x)?)?;
-        let o = q.attention_thd(&k, &v, true)?.reshape(&[b, t, c])?;
+        let (w, bias) = (p.get(&format!("{}.w", self.qkv))?, p.get(&format!("{}.b", self.qkv))?);
+        let spec = Contraction { batch: vec![], contracting: vec![(2, 0)] };
+        // [b, t, 3, h, d]: the fused projection reshaped (no copy), attention reading q, k, v in
+        // place
+        let qkv = x.contract_add(w, &spec, bias)?.reshape(&[b, t, 3, h, d])?;
+        let o = qkv.attention_qkv(true)?.reshape(&[b, t, c])?;
         self.out.forward(p, &o)
     }
 }
