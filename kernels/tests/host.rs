@@ -820,3 +820,37 @@ fn general_contractions_halves_and_complex() {
     assert_eq!(host.contract(&Contraction::matmul(0), &acc, &eye, &acc.clone(), None), Answer::Overlapping);
     assert_eq!(acc.to_vec().unwrap(), [2.0, 1.0, 1.0, 2.0]);
 }
+
+#[test]
+fn an_init_over_many_pieces_is_each_outputs_start() {
+    // 300 × 250 outputs: the init copied in pieces of 2^15 elements, which start mid-row; a bias
+    // broadcast along the rows (runs copied), and a transposed init (read an element at a time)
+    let host = Host::new();
+    let (m, k, n) = (300, 7, 250);
+    let a = Array::<f32>::from_fn(DEV, &[m, k], |i| val(i[0] * k + i[1])).unwrap();
+    let b = Array::<f32>::from_fn(DEV, &[k, n], |i| val(i[0] * n + i[1] + 17)).unwrap();
+    let bias = Array::<f32>::from_fn(DEV, &[n], |i| 100.0 + i[0] as f32).unwrap();
+    let rows = bias.apply(&Move::Expand(vec![m, n])).unwrap().unwrap();
+    let t = Array::<f32>::from_fn(DEV, &[n, m], |i| (i[0] * 1000 + i[1]) as f32).unwrap();
+    let across = t.apply(&Move::Permute(vec![1, 0])).unwrap().unwrap();
+    for (what, init, at) in [
+        ("bias rows", &rows, &(|_: usize, j: usize| 100.0 + j as f64) as &dyn Fn(usize, usize) -> f64),
+        ("transposed", &across, &|i: usize, j: usize| (j * 1000 + i) as f64),
+    ] {
+        let out = Array::<f32>::zeros(DEV, &[m, n]).unwrap();
+        assert_eq!(host.contract(&Contraction::matmul(0), &out, &a, &b, Some(init)), Answer::Done);
+        let got = out.to_vec().unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut g) = (at(i, j), at(i, j).abs());
+                for p in 0..k {
+                    let x = val(i * k + p) as f64 * val(p * n + j + 17) as f64;
+                    s += x;
+                    g += x.abs();
+                }
+                let bound = 9.0 * 2f64.powi(-24) * g;
+                assert!((got[i * n + j] as f64 - s).abs() <= bound, "{what} ({i}, {j}): {} vs {s}", got[i * n + j]);
+            }
+        }
+    }
+}

@@ -266,6 +266,9 @@ pub(crate) fn contract(
     })
 }
 
+/// Elements of `init` a task of [`start`] copies.
+const START_TASK: usize = 1 << 15;
+
 /// Writes `init` (or +0) into the C-contiguous destination.
 ///
 /// # Safety
@@ -286,22 +289,35 @@ unsafe fn start<T: Element>(dst: &dyn Operand, init: Option<&dyn Operand>) {
             for d in (0..dense.len().saturating_sub(1)).rev() {
                 dense[d] = dense[d + 1] * l.shape()[d + 1] as isize;
             }
-            let mut runs = Runs::new(l.shape(), [l.strides(), &dense], [l.offset(), off], 0, l.numel());
-            let [ss, ds] = runs.inner_strides();
-            while let Some(([p, q], n)) = runs.next_run() {
-                if ss == 1 && ds == 1 {
-                    // SAFETY: the caller's contract; n elements contiguous in both, init's and
-                    // the destination's bytes disjoint (the door's overlap check).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(src.at(T::DTYPE, p), out.at(T::DTYPE, q), n * T::DTYPE.size())
+            // in pieces of START_TASK elements over the pool (a bias copied into a product's rows
+            // is a pass over the whole output: serial, it held the other threads off the product)
+            let n = l.numel();
+            let piece = |c: usize| {
+                let lo = c * START_TASK;
+                let mut runs =
+                    Runs::new(l.shape(), [l.strides(), &dense], [l.offset(), off], lo, START_TASK.min(n - lo));
+                let [ss, ds] = runs.inner_strides();
+                while let Some(([p, q], n)) = runs.next_run() {
+                    if ss == 1 && ds == 1 {
+                        // SAFETY: the caller's contract; n elements contiguous in both, init's and
+                        // the destination's bytes disjoint (the door's overlap check).
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(src.at(T::DTYPE, p), out.at(T::DTYPE, q), n * T::DTYPE.size())
+                        }
+                        continue;
                     }
-                    continue;
+                    for e in 0..n as isize {
+                        // SAFETY: the caller's contract; positions of init's checked layout and of
+                        // the C-contiguous destination.
+                        unsafe { T::store(out.at(T::DTYPE, q + e * ds), T::load(src.at(T::DTYPE, p + e * ss))) }
+                    }
                 }
-                for e in 0..n as isize {
-                    // SAFETY: the caller's contract; positions of init's checked layout and of the
-                    // C-contiguous destination.
-                    unsafe { T::store(out.at(T::DTYPE, q + e * ds), T::load(src.at(T::DTYPE, p + e * ss))) }
-                }
+            };
+            let pieces = n.div_ceil(START_TASK);
+            if pieces > 1 {
+                (0..pieces).into_par_iter().for_each(piece);
+            } else if n > 0 {
+                piece(0);
             }
         }
         None => {
