@@ -65,7 +65,7 @@ impl Default for Config {
             dp: 2,
             tp: 2,
             steps: 800,
-            seed: 1,
+            seed: 2,
             zero: false,
             digits: 2,
             layers: 4,
