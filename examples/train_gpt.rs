@@ -19,8 +19,8 @@
 //! 30 steps and then drift apart, and training amplifies the drift — the step at which a run
 //! leaves the loss plateau is chaotic (measured with the fused q, k, v projection: seeds 2 and 3
 //! reach 100% held-out accuracy on the 2×2 mesh and on one device in 800 steps, seed 1 stays on
-//! the plateau, 14% and 22.5%; so the default seed is 2). `tests/train_gpt.rs` checks per-step agreement on five meshes,
-//! `tests/torch_gpt.rs` against PyTorch.
+//! the plateau, 14% and 22.5%; so the default seed is 2). `tests/train_gpt.rs` checks per-step
+//! agreement on five meshes, `tests/torch_gpt.rs` against PyTorch.
 
 use std::process::ExitCode;
 

@@ -235,7 +235,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                     Array::<T>::uninit_on(rig, kl.shape())?,
                     Array::<T>::uninit_on(rig, vl.shape())?,
                 );
-                self.attend_grad([q, kl, vl], ol, lse, gl, [&dq, &dk, &dv], causal, scale, thd)?;
+                self.attend_grad(FUNC, [q, kl, vl], ol, lse, gl, [&dq, &dk, &dv], causal, scale, thd)?;
                 [Some(dq), Some(dk), Some(dv)]
             }
             _ => [None, None, None],
@@ -288,6 +288,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     #[allow(clippy::too_many_arguments)]
     fn attend_grad(
         &self,
+        func: &'static str,
         [q, k, v]: [&Array<T>; 3],
         o: &Array<T>,
         lse: &Lse,
@@ -312,7 +313,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
             dk: &dkv,
             dv: &dvv,
         };
-        check("nx::Tensor::attention_grad", self.ctx.host().attention_grad(&spec, grad), &[q, k, v, o, g])
+        check(func, self.ctx.host().attention_grad(&spec, grad), &[q, k, v, o, g])
     }
 
     /// [`Tensor::attention_thd`] of the queries, keys and values packed in one value `self`
@@ -336,7 +337,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     ///
     /// # Errors
     /// A rank below 4 or a packing axis of other than 3 entries; a partial value, or rows, the
-    /// packing axis or `d` cut.
+    /// packing axis or `d` cut; the kernel's refusals (values that are not real floats).
     pub fn attention_qkv(&self, causal: bool, scale: Option<f64>) -> Result<Self> {
         Ok(self.attention_qkv_saved(causal, scale)?.0)
     }
@@ -351,7 +352,11 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         for axis in [r - 4, r - 3, r - 1] {
             self.whole(FUNC, axis, false)?;
         }
-        let placement = rules::reduce(FUNC, &self.placement, &[r - 3])?;
+        // the packing axis removed (whole: no sums); a value on one device stays there
+        let placement = match self.placement.spec() {
+            nx_placement::PlacementSpec::Device(_) => self.placement.clone(),
+            _ => rules::reduce(FUNC, &self.placement, &[r - 3])?,
+        };
         let mut shape = self.shape.clone();
         shape.remove(r - 3);
         let (local, lse) = match &self.local {
@@ -391,7 +396,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
                 let d = Array::<T>::uninit_on(self.ctx.rig(), a.shape())?;
                 let [q, k, v] = unpack(a)?;
                 let [dq, dk, dv] = unpack(&d)?;
-                self.attend_grad([&q, &k, &v], ol, lse, gl, [&dq, &dk, &dv], causal, scale, true)?;
+                self.attend_grad(FUNC, [&q, &k, &v], ol, lse, gl, [&dq, &dk, &dv], causal, scale, true)?;
                 Some(d)
             }
             _ => None,

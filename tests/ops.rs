@@ -291,6 +291,27 @@ fn attention_qkv_reads_queries_keys_and_values_packed_in_one_value() {
                     assert!((g - w).abs() < 1e-12, "dp={dp},tp={tp},causal={causal} element {e}: {g} vs {w}");
                 }
             }
+            // on one device, and a batch of 1 over dp (a rank with an empty window): the same
+            // values
+            let on0 = Placement::device(ctx.devices(), 0)?;
+            let o = packed.place(&on0)?.attention_qkv(true, None)?;
+            assert!(o.placement().equal(&on0), "{}", o.placement());
+            let want = naive(true);
+            let close = |got: &[f64], what: &str| {
+                for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() < 1e-12, "{what} dp={dp},tp={tp} element {e}: {g} vs {w}");
+                }
+            };
+            close(&o.full()?.to_vec()?, "on device 0");
+            let lone = Tensor::<f64>::from_fn(ctx, &[1, t, 3, h, d], &p, x)?;
+            let got = lone.attention_qkv(true, None)?.full()?.to_vec()?;
+            assert_eq!(got.len(), t * h * d);
+            close(&got, "a batch of 1");
+            // a sum of terms refused
+            let sums = Placement::partial(&mesh, &["tp"], &[])?;
+            let e =
+                Tensor::<f64>::zeros(ctx, &[b, t, 3, h, d], &sums)?.attention_qkv(true, None).unwrap_err().to_string();
+            assert!(e.contains("nx::Tensor::attention_qkv") && e.contains("sum of terms"), "{e}");
             // the packing axis, the rows or d cut; an axis of other than 3 entries; rank 3
             if tp > 1 {
                 for (spec, axis) in [("mesh(2:tp)", 2), ("mesh(1:tp)", 1), ("mesh(4:tp)", 4)] {

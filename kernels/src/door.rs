@@ -193,7 +193,9 @@ pub(crate) fn identical_bits(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bo
 }
 
 /// Whether an element of `a` (elements `sa` bytes wide) and one of `b` share a byte. Exact for any
-/// strides; O(1) for disjoint spans and for dense layouts, O(n log n) otherwise.
+/// strides; O(1) for disjoint spans and for dense layouts, O(rank) (at most 2^rank) for two
+/// layouts of one element width that are one lattice of nested strides moved by an offset
+/// (interleaved entries of one array), O(n log n) otherwise.
 pub fn shares_byte(a: &Layout, sa: usize, b: &Layout, sb: usize) -> bool {
     shares_byte_bits(a, sa * 8, b, sb * 8)
 }
@@ -347,4 +349,33 @@ pub fn refused(func: &str, answer: Answer, operands: &[&dyn Operand]) -> Error {
         }
     };
     Error::Refused { answer, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_views_are_decided_without_listing_positions() {
+        // a dense [t = 5, 3, h = 4, d = 8]: entry e of axis 1 read heads first, [h, t, d]
+        let entry = |e: isize| Layout::new(vec![4, 5, 8], vec![8, 96, 1], e * 32).unwrap();
+        assert_eq!(lattices_meet(&entry(0), &entry(1)), Some(false));
+        assert_eq!(lattices_meet(&entry(2), &entry(2)), Some(true));
+        // the same lattice with its axes listed in another order
+        let rows_first = Layout::new(vec![5, 4, 8], vec![96, 8, 1], 32).unwrap();
+        assert_eq!(lattices_meet(&entry(0), &rows_first), Some(false));
+        assert_eq!(lattices_meet(&entry(1), &rows_first), Some(true));
+        // an axis reversed: the same lattice from its least position
+        let reversed = Layout::new(vec![4, 5, 8], vec![-8, 96, 1], 32 + 3 * 8).unwrap();
+        assert_eq!(lattices_meet(&entry(1), &reversed), Some(true));
+        assert_eq!(lattices_meet(&entry(0), &reversed), Some(false));
+        // other strides, or strides that are not nested (positions repeat): left to the listing
+        let other = Layout::new(vec![4, 5, 8], vec![8, 97, 1], 0).unwrap();
+        assert_eq!(lattices_meet(&entry(0), &other), None);
+        let repeating = Layout::new(vec![4, 8], vec![2, 1], 0).unwrap();
+        assert_eq!(lattices_meet(&repeating, &repeating), None);
+        // and the door's answer through it
+        assert!(!shares_byte(&entry(0), 4, &entry(1), 4));
+        assert!(shares_byte(&entry(1), 4, &rows_first, 4));
+    }
 }

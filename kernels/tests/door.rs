@@ -262,19 +262,20 @@ fn large_buffers_are_mapped_zeroed_and_freed() {
 }
 
 /// Two views of a dense array's entries `i` and `j` along axis `axis` (that axis dropped), both
-/// with one axis reversed where `flip`, both permuted by `perm`: packed `q`, `k`, `v`.
+/// with one axis reversed where `flip`, their axes rotated by `rot.0` and `rot.1` (one lattice
+/// listed in two orders): packed `q`, `k`, `v`.
 fn entry_views(
     shape: &[usize],
     axis: usize,
     (i, j): (usize, usize),
     flip: Option<usize>,
-    rot: usize,
+    rot: (usize, usize),
 ) -> (Layout, Layout) {
     let mut strides = vec![1isize; shape.len()];
     for k in (0..shape.len().saturating_sub(1)).rev() {
         strides[k] = strides[k + 1] * shape[k + 1] as isize;
     }
-    let view = |e: usize| {
+    let view = |e: usize, rot: usize| {
         let mut sh: Vec<usize> = shape.to_vec();
         let mut st = strides.clone();
         let mut off = e as isize * st[axis];
@@ -288,7 +289,7 @@ fn entry_views(
         let (sh, st): (Vec<usize>, Vec<isize>) = (0..r).map(|k| (sh[(k + rot) % r], st[(k + rot) % r])).unzip();
         Layout::new(sh, st, off).unwrap()
     };
-    (view(i), view(j))
+    (view(i, rot.0), view(j, rot.1))
 }
 
 proptest! {
@@ -299,7 +300,7 @@ proptest! {
         shape in prop::collection::vec(1usize..5, 2..5),
         pick in (0usize..8, 0usize..8, 0usize..8),
         flip in prop::option::of(0usize..4),
-        rot in 0usize..4,
+        rot in (0usize..4, 0usize..4),
         size in prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
     ) {
         let axis = pick.0 % shape.len();
@@ -311,13 +312,15 @@ proptest! {
 
     #[test]
     fn a_strided_layout_moved_by_any_offset_meets_itself_exactly(
-        axes in prop::collection::vec((1usize..4, 1isize..9), 1..4),
+        axes in prop::collection::vec((1usize..4, 1isize..9, any::<bool>()), 1..4),
         shift in -40isize..40,
         size in prop_oneof![Just(1usize), Just(4)],
     ) {
-        let (shape, strides): (Vec<usize>, Vec<isize>) = axes.into_iter().unzip();
-        let a = Layout::new(shape.clone(), strides.clone(), 40).unwrap();
-        let b = Layout::new(shape, strides, 40 + shift).unwrap();
+        // strides of either sign (the offset keeps every position at 0 or past it)
+        let shape: Vec<usize> = axes.iter().map(|a| a.0).collect();
+        let strides: Vec<isize> = axes.iter().map(|a| if a.2 { -a.1 } else { a.1 }).collect();
+        let a = Layout::new(shape.clone(), strides.clone(), 100).unwrap();
+        let b = Layout::new(shape, strides, 100 + shift).unwrap();
         prop_assert_eq!(shares_byte(&a, size, &b, size), brute_shares(&a, size, &b, size), "{:?} vs {:?}", a, b);
     }
 }

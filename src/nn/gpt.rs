@@ -1,8 +1,9 @@
 //! A GPT (decoder-only transformer, pre-norm, learned positions) over `dp` × `tp`: activations'
 //! batch cut over `dp`; attention heads and the MLP's hidden features cut over `tp` (Megatron:
-//! `q`, `k`, `v` (one fused projection, GPT-2's `c_attn`) and the first MLP layer column-parallel, the output projections row-parallel,
-//! two all-reduces a block forward and two backward); the output head column-parallel over the
-//! vocabulary, its cross-entropy closed across `tp` without gathering the logits.
+//! `q`, `k`, `v` (one fused projection, GPT-2's `c_attn`) and the first MLP layer
+//! column-parallel, the output projections row-parallel, two all-reduces a block forward and two
+//! backward); the output head column-parallel over the vocabulary, its cross-entropy closed
+//! across `tp` without gathering the logits.
 
 use nx_collectives::Reducible;
 use nx_kernels::Contraction;
