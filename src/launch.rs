@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use nx_collectives::sim::{self, SimComm, SimOptions};
 use nx_collectives::{Communicator, ReduceOp, Reducible};
+use nx_kernels::host::HostOptions;
 use nx_kernels::observe::{Launch, Observer, Recording};
 use nx_kernels::rig::{QueueOptions, Rig, RigOptions};
 use nx_kernels::Host;
@@ -437,36 +438,48 @@ where
     let queue = sim_queue(opts)?;
     let hosts = sim_hosts(opts, n)?;
     let sopts = SimOptions { checked, timeout, faults: opts.faults.clone(), hosts, simd: None };
-    // one library for every simulated rank: one pool of the machine's cores, not one per rank
+    // the machine's cores shared out: one rank a library of all of them; more ranks a library
+    // each of their part (at least one thread), so the ranks' threads and the pools' never
+    // outnumber the cores
     let host = Host::new();
+    let per = (host.threads() / n.max(1)).max(1);
+    let rank = |comm: SimComm, own: Host| -> Result<R> {
+        let index = comm.rank();
+        let queue = queue.map(|q| QueueOptions { seed: q.seed ^ index as u64, ..q });
+        let dry = opts.observe == Some(Observe::Dry);
+        let rig = Rig::new(Device::sim(index), RigOptions { queue, limit: opts.memory_limit, dry })?;
+        let (host, recording) = observed(&own, opts.observe);
+        Devices::with(Device::sims(n), |devices| {
+            let ctx = Ctx {
+                inner: Rc::new(Inner {
+                    comm: Comm::Sim(comm),
+                    groups: Default::default(),
+                    devices,
+                    index,
+                    host: host.clone(),
+                    rig,
+                    auto_place: opts.auto_place,
+                    recording: recording.clone(),
+                }),
+            };
+            body(&ctx)
+        })
+        .map_err(nx_placement::Error::from)?
+    };
+    // ranks' kernels: one rank's body runs on a worker of the pool, more ranks each on the first
+    // thread of a pool of their own: their kernels split from there, with no hand-off into the
+    // pool and back per call
     let ranks = |sopts| {
-        sim::run(n, sopts, |comm: SimComm| -> Result<R> {
-            let index = comm.rank();
-            let queue = queue.map(|q| QueueOptions { seed: q.seed ^ index as u64, ..q });
-            let dry = opts.observe == Some(Observe::Dry);
-            let rig = Rig::new(Device::sim(index), RigOptions { queue, limit: opts.memory_limit, dry })?;
-            let (host, recording) = observed(&host, opts.observe);
-            Devices::with(Device::sims(n), |devices| {
-                let ctx = Ctx {
-                    inner: Rc::new(Inner {
-                        comm: Comm::Sim(comm),
-                        groups: Default::default(),
-                        devices,
-                        index,
-                        host: host.clone(),
-                        rig,
-                        auto_place: opts.auto_place,
-                        recording: recording.clone(),
-                    }),
-                };
-                body(&ctx)
-            })
-            .map_err(nx_placement::Error::from)?
+        sim::run(n, sopts, |comm: SimComm| {
+            let own = match n {
+                1 => host.clone(),
+                _ => {
+                    Host::with_options(HostOptions { threads: Some(per), this_thread: true, ..HostOptions::default() })?
+                }
+            };
+            rank(comm, own)
         })
     };
-    // one rank's body runs on a worker of the host pool: its kernels split from there, with no
-    // hand-off into the pool and back per call (more ranks wait on each other in collectives, so
-    // they keep threads of their own)
     let out = if n == 1 { host.install(|| ranks(sopts)) } else { ranks(sopts) };
     Ok(out?)
 }

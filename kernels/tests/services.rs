@@ -200,7 +200,7 @@ fn host(threads: usize, threshold: usize) -> Host {
         reduce: Some(threshold),
         convert: Some(threshold),
         store: Store::Memory,
-        simd: None,
+        ..HostOptions::default()
     })
     .unwrap()
 }
@@ -339,6 +339,94 @@ fn pool_threads_child() {
     let mut out = vec![bf16::ZERO; n];
     h.convert(&src.to_vec().unwrap(), &mut out).unwrap();
     assert_eq!(threads_now().saturating_sub(before), 3, "threads started besides the library's pool of 3");
+}
+
+/// A library made with `this_thread` runs on the thread that made it: its calls from there stay
+/// there (no hand-off), one of one thread starts no thread at all (its products' splits stay off
+/// rayon's global pool), one of three starts two; a call from another thread still completes;
+/// its products give the bits of a library of its own pool. In a child process, as above.
+#[test]
+fn a_library_on_this_thread_keeps_its_work_there() {
+    if threads_now() == 0 {
+        eprintln!("no /proc/self/task here: skipped");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "this_thread_child", "--nocapture", "--test-threads", "1"])
+        .env("NX_TEST_THIS_THREAD", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
+#[test]
+fn this_thread_child() {
+    if std::env::var("NX_TEST_THIS_THREAD").is_err() {
+        return;
+    }
+    let (m, k, n) = (97usize, 300, 130);
+    let a = Array::<f32>::from_fn(DEV, &[m, k], |i| value(i[0] * k + i[1])).unwrap();
+    let b = Array::<f32>::from_fn(DEV, &[k, n], |i| value(i[0] * n + i[1] + 1)).unwrap();
+    let spec = nx_kernels::Contraction::matmul(0);
+    let product = |h: &Host| {
+        let c = Array::<f32>::zeros(DEV, &[m, n]).unwrap();
+        assert_eq!(h.contract(&spec, &c, &a, &b, None), nx_kernels::Answer::Done);
+        c.to_vec().unwrap()
+    };
+    let on_this = |threads| {
+        Host::with_options(HostOptions { threads: Some(threads), this_thread: true, ..HostOptions::default() }).unwrap()
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    // each on a thread of its own: a thread is the first of one such pool in its lifetime
+    let (got, one) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let me = std::thread::current().id();
+            let before = threads_now();
+            let one = on_this(1);
+            assert_eq!(one.install(|| (std::thread::current().id(), rayon::current_num_threads())), (me, 1));
+            let got = product(&one);
+            assert_eq!(threads_now(), before, "a library of one thread on this one started threads");
+            let Err(e) = Host::with_options(HostOptions { this_thread: true, ..HostOptions::default() }) else {
+                panic!("a second pool on one thread was made")
+            };
+            let e = e.to_string();
+            assert!(e.contains("Host::with_options") && e.contains("this one"), "{e}");
+            (got, one)
+        })
+        .join()
+        .unwrap()
+    });
+    // naive f64 products: the reference
+    for i in 0..m {
+        for j in 0..n {
+            let exact: f64 = (0..k).map(|p| value(i * k + p) as f64 * value(p * n + j + 1) as f64).sum();
+            let bound: f64 = (0..k).map(|p| (value(i * k + p) as f64 * value(p * n + j + 1) as f64).abs()).sum::<f64>()
+                * k as f64
+                * f32::EPSILON as f64;
+            assert!((got[i * n + j] as f64 - exact).abs() <= bound, "({i}, {j})");
+        }
+    }
+    let three = std::thread::scope(|s| {
+        s.spawn(|| {
+            let me = std::thread::current().id();
+            let before = threads_now();
+            let three = on_this(3);
+            assert_eq!(three.install(|| (std::thread::current().id(), rayon::current_num_threads())), (me, 3));
+            assert_eq!(bits(&product(&three)), bits(&got));
+            assert_eq!(threads_now(), before + 2, "a library of three threads on this one starts two");
+            three
+        })
+        .join()
+        .unwrap()
+    });
+    // from another thread (the one-thread library's own has ended): the one-thread library
+    // computes on the caller's, the three-thread one on its pool's other threads
+    assert_eq!(one.install(|| std::thread::current().id()), std::thread::current().id());
+    assert_eq!(bits(&product(&one)), bits(&got));
+    assert_eq!(bits(&product(&three)), bits(&got));
+    let own = host(3, 1);
+    assert_eq!(bits(&product(&own)), bits(&got));
 }
 
 #[test]

@@ -26,6 +26,7 @@ fn host(simd: Simd) -> Host {
         convert: Some(1),
         store: Store::Memory,
         simd: Some(simd),
+        ..HostOptions::default()
     })
     .unwrap();
     assert_eq!(h.simd(), simd, "an available level is kept");

@@ -247,11 +247,12 @@ pub(crate) mod reg;
 mod scan;
 mod sgemm;
 mod sort;
+mod warm;
 
 use std::sync::Arc;
 
 use par::Par;
-pub use par::{HostOptions, Origin, Store, Thresholds, Work};
+pub use par::{HostOptions, Origin, Store, Thresholds, Work, WARM};
 
 use crate::contraction::{Contraction, Factor, Segmented};
 use crate::door::Operand;

@@ -120,7 +120,22 @@ pub struct HostOptions {
     /// CPU's is lowered to it): [`Simd::Baseline`] forces the portable path of every kernel nx writes
     /// (faer, rustfft and `half` pick theirs by the CPU).
     pub simd: Option<Simd>,
+    /// How long one of the pool's threads keeps looking for work after a kernel ran on the pool,
+    /// rather than sleeping at once (default [`WARM`]; zero: rayon's own sleep). A thread asleep
+    /// took 60–90 µs to wake on a 2-core VM, longer than many of a training step's kernels.
+    pub warm: Option<std::time::Duration>,
+    /// Whether the thread that makes the library is the first of its pool's threads (the pool is
+    /// then built at once, even of one thread): its calls run their splits from there, with no
+    /// hand-off into the pool and back, and a library of one thread keeps every kernel on it
+    /// (otherwise a kernel's own splits called from a thread outside any pool go to rayon's
+    /// global pool). For a thread that runs one worker's whole program, as a simulated rank's.
+    /// A thread is the first thread of one such pool in its lifetime (rayon keeps it there, and
+    /// the pool's bookkeeping with it): a second is refused.
+    pub this_thread: bool,
 }
+
+/// How long a pool's thread keeps looking for work after a kernel by default.
+pub const WARM: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Where a library's thresholds came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +154,8 @@ pub(crate) struct Par {
     threads: usize,
     cores_source: String,
     pool: Arc<OnceLock<Option<rayon::ThreadPool>>>,
+    /// Keeps a thread of the pool looking for work between kernels.
+    warm: Arc<super::warm::Warm>,
     options: HostOptions,
     measured: Arc<OnceLock<(Thresholds, Origin)>>,
     /// Fixed thresholds (a probe's forced modes) in place of the measured ones.
@@ -174,10 +191,25 @@ impl Par {
             }
         }
         let simd = Simd::capped(options.simd);
+        let warm = Arc::new(super::warm::Warm::new(options.warm.unwrap_or(WARM)));
+        let pool = Arc::new(OnceLock::new());
+        if options.this_thread {
+            let built = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .use_current_thread()
+                .thread_name(|i| format!("nx-host-{i}"))
+                .build()
+                .map_err(|e| Error::Invalid {
+                    func,
+                    why: format!("cannot start a pool of {threads} threads on this one: {e}"),
+                })?;
+            let _ = pool.set(Some(built));
+        }
         Ok(Arc::new(Par {
             threads,
             cores_source,
-            pool: Arc::default(),
+            pool,
+            warm,
             options,
             measured: Arc::default(),
             forced: None,
@@ -211,10 +243,11 @@ impl Par {
         }
     }
 
-    /// The pool: none for one thread (its work runs on the caller's), or where threads cannot be
-    /// started (then work runs on the caller's thread, splitting onto rayon's global pool).
+    /// The pool: none for one thread (its work runs on the caller's) but a pool on the thread that
+    /// made the library ([`HostOptions::this_thread`]), or where threads cannot be started (then
+    /// work runs on the caller's thread, splitting onto rayon's global pool).
     fn pool(&self) -> Option<&rayon::ThreadPool> {
-        if self.threads == 1 {
+        if self.threads == 1 && !self.options.this_thread {
             return None;
         }
         self.pool
@@ -231,7 +264,14 @@ impl Par {
     /// Runs `f` on the pool (where this library has one of several threads).
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match self.pool() {
-            Some(p) => p.install(f),
+            // a pool of one thread on another (a queued rig's worker calling): that thread runs
+            // no loop that would take the work, so it runs here
+            Some(p) if p.current_num_threads() == 1 && p.current_thread_index().is_none() => f(),
+            Some(p) => {
+                let r = p.install(f);
+                self.warm.after(p);
+                r
+            }
             None => f(),
         }
     }
@@ -338,6 +378,7 @@ impl Par {
             threads: self.threads,
             cores_source: String::new(),
             pool: Arc::new(OnceLock::from(None)),
+            warm: self.warm.clone(),
             options: self.options.clone(),
             measured: Arc::default(),
             forced: None,
@@ -352,6 +393,7 @@ impl Par {
             threads: self.threads,
             cores_source: self.cores_source.clone(),
             pool: self.pool.clone(),
+            warm: self.warm.clone(),
             options: self.options.clone(),
             measured: self.measured.clone(),
             forced: self.forced,

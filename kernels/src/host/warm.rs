@@ -1,0 +1,121 @@
+//! Keeping a pool's threads awake between kernels: after each call that ran on the pool, one of
+//! its other threads stays looking for work for a while ([`HostOptions::warm`](super::HostOptions)),
+//! as OpenMP's threads spin before they sleep, instead of going to sleep at once.
+//!
+//! A rayon thread that finds no work sleeps after a few rounds, and waking it is the kernel's
+//! business: on the 2-core Intel VM, a `join` of two 50 µs halves took 114–141 µs once the
+//! caller had worked alone for 50 µs–1 ms before it (the sleeping thread's half started 60–90 µs
+//! late, so the caller ran both) and 53–55 µs with a thread kept looking. A training step is
+//! hundreds of such kernels with the caller's own work between them. The thread looks by
+//! `rayon::yield_now` in a loop without `pause` instructions (a hypervisor may take a loop of
+//! `pause` for a vCPU waiting on a lock and stop running it: with `pause` in the loop the same
+//! joins took as long as with no one looking). Which thread runs what, never what is computed:
+//! no result depends on it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One pool's waking state, shared by the library's clones.
+#[derive(Debug)]
+pub(crate) struct Warm {
+    /// How long a thread keeps looking after the pool's last work.
+    keep: Duration,
+    /// When `last` counts from.
+    base: Instant,
+    /// Nanoseconds from `base` to the pool's last work.
+    last: AtomicU64,
+    /// Whether a thread is looking now (one at a time).
+    looking: AtomicBool,
+}
+
+impl Warm {
+    /// A state that keeps a thread looking for `keep` after the last work (none for zero).
+    pub(crate) fn new(keep: Duration) -> Warm {
+        Warm { keep, base: Instant::now(), last: AtomicU64::new(0), looking: AtomicBool::new(false) }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Notes work that just ran on `pool` and, where no thread is looking, asks one of the pool's
+    /// threads other than the caller's to look for the next work for `keep`.
+    pub(crate) fn after(self: &Arc<Self>, pool: &rayon::ThreadPool) {
+        // only for a caller on the pool: its threads own the cores then, while callers of their
+        // own (a simulated mesh's ranks) need the core a looking thread would hold
+        let Some(caller) = pool.current_thread_index() else { return };
+        if self.keep.is_zero() || pool.current_num_threads() < 2 {
+            return;
+        }
+        self.last.store(self.now(), Ordering::Relaxed);
+        if self.looking.load(Ordering::Relaxed) {
+            return;
+        }
+        let warm = Arc::clone(self);
+        pool.spawn_broadcast(move |ctx| {
+            // the caller's own copy, run when it next waits, and every copy after the first
+            if ctx.index() == caller || warm.looking.swap(true, Ordering::Acquire) {
+                return;
+            }
+            let keep = u64::try_from(warm.keep.as_nanos()).unwrap_or(u64::MAX);
+            loop {
+                match rayon::yield_now() {
+                    Some(rayon::Yield::Executed) => warm.last.store(warm.now(), Ordering::Relaxed),
+                    Some(rayon::Yield::Idle)
+                        if warm.now().saturating_sub(warm.last.load(Ordering::Relaxed)) <= keep => {}
+                    _ => break,
+                }
+            }
+            warm.looking.store(false, Ordering::Release);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits up to 10 s for `cond`.
+    fn within(cond: impl Fn() -> bool) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    /// After work called from a thread of the pool, another thread looks until `keep` has passed
+    /// with no work, then stops; from outside the pool, of a pool of one thread and with `keep`
+    /// zero, none looks.
+    #[test]
+    fn a_thread_looks_after_work_on_the_pool_then_sleeps() {
+        let looking = |w: &Warm| w.looking.load(Ordering::Acquire);
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let warm = Arc::new(Warm::new(Duration::from_millis(30)));
+        pool.install(|| warm.after(&pool));
+        assert!(within(|| looking(&warm)), "no thread looked for work");
+        // work run meanwhile keeps it looking; then it stops
+        for _ in 0..5 {
+            pool.install(|| {
+                rayon::join(|| std::hint::black_box(1), || std::hint::black_box(2));
+                warm.after(&pool)
+            });
+        }
+        assert!(within(|| !looking(&warm)), "the looking thread never stopped");
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let none = Arc::new(Warm::new(Duration::ZERO));
+        for (w, p) in [(&warm, &pool), (&warm, &one), (&none, &pool)] {
+            if std::ptr::eq(p, &pool) && Arc::ptr_eq(w, &warm) {
+                w.after(p);
+            } else {
+                p.install(|| w.after(p));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!looking(w));
+        }
+    }
+}
