@@ -450,50 +450,57 @@ proptest::proptest! {
 }
 
 /// Each transition's backward is its dual: the adjoint of the identity (the gradient's global
-/// value is the cotangent's), issuing the dual collective.
+/// value is the cotangent's), issuing the dual collective; on meshes of one, two and three axes,
+/// 2–8 devices (5 rows over 8 devices: ranks with empty windows).
 #[test]
 fn transitions_backward_are_their_duals() {
     use nx::testing::Op;
     let data = [Op::AllReduce, Op::ReduceScatter, Op::AllGather, Op::AllToAll, Op::Broadcast, Op::Send, Op::Recv];
-    let out = launch_with(&LaunchOptions { devices: Some(4), ..Default::default() }, |ctx| {
-        let m = ctx.mesh(&[("a", 2), ("b", 2)])?;
-        let copies = Placement::mesh(&m, &[])?;
-        let rows = Placement::mesh(&m, &[(0, &["a", "b"])])?;
-        let cols = Placement::mesh(&m, &[(1, &["a", "b"])])?;
-        let sum = Placement::partial(&m, &["a", "b"], &[])?;
-        // (from, to, cotangent's placement, the backward's collective or None)
-        let cases: Vec<(&Placement<'_>, &Placement<'_>, &Placement<'_>, Option<Op>)> = vec![
-            (&rows, &copies, &sum, Some(Op::ReduceScatter)), // all-gather ↔ reduce-scatter
-            (&rows, &copies, &copies, None),                 // all-gather ↔ local slice
-            (&copies, &rows, &rows, Some(Op::AllGather)),    // local slice ↔ all-gather
-            (&rows, &cols, &cols, Some(Op::AllToAll)),       // all-to-all ↔ all-to-all back
-            (&sum, &copies, &copies, None),                  // closing a sum ↔ nothing
-            (&sum, &rows, &rows, Some(Op::AllGather)), // reduce-scatter ↔ all-gather (each term's gradient is the whole)
-            (&copies, &sum, &copies, None),            // zero fill ↔ nothing
-        ];
-        let mut report = Vec::new();
-        for (i, (from, to, gp, dual)) in cases.into_iter().enumerate() {
-            let tape = Tape::new();
-            let x = tape.leaf(Tensor::<f64>::randn(ctx, &[5, 7], from, 1)?);
-            let y = x.place(to)?;
-            let g = Tensor::<f64>::randn(ctx, &[5, 7], gp, 2 + i as u64)?;
-            let (grads, log) = ctx.record(|| tape.backward_with(&y, g.clone()))?;
-            let gx = grads.of(&x).expect("a gradient").clone();
-            // the adjoint of the identity: the same global value as the cotangent
-            let (a, b) = (gx.full()?.to_vec()?, g.full()?.to_vec()?);
-            let same = a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-12 * (1.0 + q.abs()));
-            let issued: Vec<Op> = data.iter().copied().filter(|&o| log.count_any(o) > 0).collect();
-            report.push((i, same, issued, dual, gx.placement().closed().equal(&from.closed())));
-        }
-        Ok(report)
-    })
-    .unwrap();
-    for (i, same, issued, dual, at) in &out[0] {
-        assert!(same, "case {i}: the gradient is not the cotangent's value");
-        assert!(at, "case {i}: the gradient is not at closed(from)");
-        match dual {
-            Some(op) => assert_eq!(issued, &vec![*op], "case {i}"),
-            None => assert!(issued.is_empty(), "case {i}: issued {issued:?}"),
+    let meshes: &[&[(&str, usize)]] =
+        &[&[("a", 3)], &[("a", 2), ("b", 2)], &[("a", 2), ("b", 1), ("c", 3)], &[("a", 2), ("b", 4)]];
+    for axes in meshes {
+        let n: usize = axes.iter().map(|a| a.1).product();
+        let out = launch_with(&LaunchOptions { devices: Some(n), ..Default::default() }, |ctx| {
+            let m = ctx.mesh(axes)?;
+            let all: Vec<&str> = axes.iter().map(|a| a.0).collect();
+            let copies = Placement::mesh(&m, &[])?;
+            let rows = Placement::mesh(&m, &[(0, &all)])?;
+            let cols = Placement::mesh(&m, &[(1, &all)])?;
+            let sum = Placement::partial(&m, &all, &[])?;
+            // (from, to, cotangent's placement, the backward's collective or None)
+            let cases: Vec<(&Placement<'_>, &Placement<'_>, &Placement<'_>, Option<Op>)> = vec![
+                (&rows, &copies, &sum, Some(Op::ReduceScatter)), // all-gather ↔ reduce-scatter
+                (&rows, &copies, &copies, None),                 // all-gather ↔ local slice
+                (&copies, &rows, &rows, Some(Op::AllGather)),    // local slice ↔ all-gather
+                (&rows, &cols, &cols, Some(Op::AllToAll)),       // all-to-all ↔ all-to-all back
+                (&sum, &copies, &copies, None),                  // closing a sum ↔ nothing
+                (&sum, &rows, &rows, Some(Op::AllGather)), // reduce-scatter ↔ all-gather (each term's gradient is the whole)
+                (&copies, &sum, &copies, None),            // zero fill ↔ nothing
+            ];
+            let mut report = Vec::new();
+            for (i, (from, to, gp, dual)) in cases.into_iter().enumerate() {
+                let tape = Tape::new();
+                let x = tape.leaf(Tensor::<f64>::randn(ctx, &[5, 7], from, 1)?);
+                let y = x.place(to)?;
+                let g = Tensor::<f64>::randn(ctx, &[5, 7], gp, 2 + i as u64)?;
+                let (grads, log) = ctx.record(|| tape.backward_with(&y, g.clone()))?;
+                let gx = grads.of(&x).expect("a gradient").clone();
+                // the adjoint of the identity: the same global value as the cotangent
+                let (a, b) = (gx.full()?.to_vec()?, g.full()?.to_vec()?);
+                let same = a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-12 * (1.0 + q.abs()));
+                let issued: Vec<Op> = data.iter().copied().filter(|&o| log.count_any(o) > 0).collect();
+                report.push((i, same, issued, dual, gx.placement().closed().equal(&from.closed())));
+            }
+            Ok(report)
+        })
+        .unwrap();
+        for (i, same, issued, dual, at) in &out[0] {
+            assert!(same, "{axes:?} case {i}: the gradient is not the cotangent's value");
+            assert!(at, "{axes:?} case {i}: the gradient is not at closed(from)");
+            match dual {
+                Some(op) => assert_eq!(issued, &vec![*op], "{axes:?} case {i}"),
+                None => assert!(issued.is_empty(), "{axes:?} case {i}: issued {issued:?}"),
+            }
         }
     }
 }
