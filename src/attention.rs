@@ -166,32 +166,9 @@ impl<'d, T: Reducible> Tensor<'d, T> {
         if !fits {
             return Err(err(func, format!("q {:?}, k {:?}, v {:?} do not fit", self.shape, k.shape, v.shape)));
         }
-        for t in [k, v] {
-            if !t.placement.equal(&self.placement) {
-                return Err(err(
-                    func,
-                    format!("q at {}, an operand at {}: place them alike", self.placement, t.placement),
-                ));
-            }
-        }
-        self.whole(func, ra, false)?;
-        self.whole(func, r - 1, false)?;
+        rules::attention(func, &self.placement, &self.shape, &k.placement, &k.shape, &v.placement, ha, ra)?;
         let mut shape = self.shape.clone();
         shape[r - 1] = v.shape[r - 1];
-        // every device's query heads must be the groups of its key heads (checked for all, so
-        // that every rank answers alike)
-        let group = hq / hk;
-        for u in 0..self.ctx.devices().len() {
-            if let (Some(qw), Some(kw)) = (self.placement.window(&self.shape, u)?, k.placement.window(&k.shape, u)?) {
-                let (qh, kh) = (&qw[ha], &kw[ha]);
-                if qh.start != kh.start * group || qh.len() != kh.len() * group {
-                    return Err(err(
-                        func,
-                        format!("query heads {qh:?} are not the groups of key heads {kh:?} on device {u}: cut the heads so each device's are whole groups"),
-                    ));
-                }
-            }
-        }
         let (local, lse) = match (&self.local, &k.local, &v.local) {
             (Some(q), Some(kl), Some(vl)) => {
                 let (o, lse) = self.attend(func, [q, kl, vl], causal, scale, thd)?;

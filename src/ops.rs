@@ -17,15 +17,10 @@ use nx_collectives::Reducible;
 use nx_kernels::prog::{Prog, UnOp};
 use nx_kernels::{Array, Kernels, Move, Operand, Reduction, Scatter};
 
-use crate::tensor::{check, err, parts, window_shape};
+use crate::tensor::{check, err, window_shape};
 use nx_placement::rules;
 
-use crate::{Placement, PlacementSpec, Result, Tensor};
-
-/// A placement's cuts of `axis`, as mesh axis names (empty where it is whole).
-fn cut_names(func: &'static str, p: &Placement<'_>, axis: usize) -> Result<Vec<String>> {
-    Ok(parts(func, p)?.0.into_iter().find(|c| c.0 == axis).map(|c| c.1).unwrap_or_default())
-}
+use crate::{Placement, Result, Tensor};
 
 impl<'d, T: Reducible> Tensor<'d, T> {
     fn axis_of(&self, func: &'static str, axis: usize) -> Result<()> {
@@ -39,19 +34,7 @@ impl<'d, T: Reducible> Tensor<'d, T> {
     /// `partial_ok`, the value is not a sum).
     pub(crate) fn whole(&self, func: &'static str, axis: usize, partial_ok: bool) -> Result<()> {
         self.axis_of(func, axis)?;
-        if !partial_ok && self.placement.is_partial() {
-            return Err(err(func, format!("{} is a sum of terms: place it closed first", self.placement)));
-        }
-        if matches!(self.placement.spec(), PlacementSpec::Device(_)) {
-            return Ok(());
-        }
-        let cut = cut_names(func, &self.placement, axis)?;
-        if !cut.is_empty() {
-            return Err(err(
-                func,
-                format!("axis {axis} is cut over {} by {}: place it whole first", cut.join("."), self.placement),
-            ));
-        }
+        rules::along(func, &self.placement, &[axis], partial_ok)?;
         Ok(())
     }
 

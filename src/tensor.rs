@@ -55,15 +55,6 @@ pub(crate) fn window_shape(w: &Window) -> Vec<usize> {
     w.iter().map(|r| r.len()).collect()
 }
 
-/// A placement's cuts (tensor axis, mesh axis names) and sums (mesh axis names).
-pub(crate) type Parts = (Vec<(usize, Vec<String>)>, Vec<String>);
-
-/// The cuts and sums of a placement, by mesh axis names ([`nx_placement::rules::parts`]).
-pub(crate) fn parts(func: &'static str, p: &Placement<'_>) -> Result<Parts> {
-    let pp = rules::parts(func, p)?;
-    Ok((pp.cuts, pp.sums))
-}
-
 /// An error naming `func` where `placement` is not over `ctx`'s devices.
 fn over_launch(func: &'static str, ctx: &Ctx<'_>, placement: &Placement<'_>) -> Result<()> {
     if placement.devices().same_list(ctx.devices()) {

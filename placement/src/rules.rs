@@ -15,6 +15,8 @@
 //! | [`reduce`] | the reduced axes removed; the mesh axes that cut them become sums |
 //! | [`permute`] | the cuts follow their axes |
 //! | [`reshape`] | each cut moves to the leading axis of its group of merged or split axes, where every device's window is the same set of elements |
+//! | [`along`] | an op along axes (scans, sorts, softmax, norms, a vocabulary's maxima): the operand's placement, where those axes are whole (and the value closed, for nonlinear ops) |
+//! | [`attention`] | the queries' placement, where queries, keys and values are placed alike and closed, rows and features whole, every device's query heads the groups of its key heads |
 //!
 //! ```
 //! use nx_placement::{rules, Devices, Device, Mesh, Placement};
@@ -433,4 +435,82 @@ pub fn insert_axis<'d>(func: &'static str, p: &Placement<'d>, axis: usize) -> Re
     let pp = parts(func, p)?;
     let cuts = pp.cuts.into_iter().map(|(a, n)| (if a >= axis { a + 1 } else { a }, n)).collect();
     rebuild(p, &Parts { cuts, sums: pp.sums })
+}
+
+/// The placement of an op along `axes` of a value at `p` (a scan, a sort, a softmax, a norm; an
+/// attention's rows and features): `p` itself, where every one of `axes` is whole and, unless
+/// `partial_ok` (a linear op), the value is not a sum. A value on one device stays there.
+///
+/// # Errors
+/// [`Error::Rule`] naming the axis and the mesh axes that cut it, or the sum, to place first.
+pub fn along<'d>(func: &'static str, p: &Placement<'d>, axes: &[usize], partial_ok: bool) -> Result<Placement<'d>> {
+    if !partial_ok && p.is_partial() {
+        return Err(Error::Rule { func, why: format!("{p} is a sum of terms: place it closed first") });
+    }
+    if matches!(p.spec(), PlacementSpec::Device(_)) {
+        return Ok(p.clone());
+    }
+    let pp = parts(func, p)?;
+    for &axis in axes {
+        let cut = pp.cut_of(axis);
+        if !cut.is_empty() {
+            return Err(Error::Rule {
+                func,
+                why: format!("axis {axis} is cut over {} by {p}: place it whole first", cut.join(".")),
+            });
+        }
+    }
+    Ok(p.clone())
+}
+
+/// The placement of an attention's output: queries at `q` of shape `qs`, keys at `k` of shape
+/// `ks` and values at `v`, their heads along axis `heads` and rows along `rows`, features last.
+/// The queries' placement (the output's, its last axis the values' features), where the three
+/// are placed alike and not partial, rows and features whole, and every device's query heads
+/// are the groups of its key heads (`qs[heads] / ks[heads]` query heads a key head, grouped-query
+/// attention).
+///
+/// # Errors
+/// [`Error::Rule`] naming what to place otherwise: operands placed unlike, a sum, rows or
+/// features cut, a device's query heads that are not whole groups of its key heads; shapes of
+/// another rank than the placements cut.
+#[allow(clippy::too_many_arguments)]
+pub fn attention<'d>(
+    func: &'static str,
+    q: &Placement<'d>,
+    qs: &[usize],
+    k: &Placement<'_>,
+    ks: &[usize],
+    v: &Placement<'_>,
+    heads: usize,
+    rows: usize,
+) -> Result<Placement<'d>> {
+    for (same, t) in [(k.equal(q), k.to_string()), (v.equal(q), v.to_string())] {
+        if !same {
+            return Err(Error::Rule { func, why: format!("q at {q}, an operand at {t}: place them alike") });
+        }
+    }
+    let r = qs.len();
+    if r < 3 || ks.len() != r || heads >= r || rows >= r || ks[heads] == 0 || !qs[heads].is_multiple_of(ks[heads]) {
+        return Err(Error::Rule {
+            func,
+            why: format!("queries {qs:?} and keys {ks:?}: heads at axis {heads}, rows at {rows}"),
+        });
+    }
+    let out = along(func, q, &[rows, r - 1], false)?;
+    let group = qs[heads] / ks[heads];
+    for u in 0..q.devices().len() {
+        if let (Some(qw), Some(kw)) = (q.window(qs, u)?, k.window(ks, u)?) {
+            let (qh, kh) = (&qw[heads], &kw[heads]);
+            if qh.start != kh.start * group || qh.len() != kh.len() * group {
+                return Err(Error::Rule {
+                    func,
+                    why: format!(
+                        "query heads {qh:?} are not the groups of key heads {kh:?} on device {u}: cut the heads so each device's are whole groups"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
 }

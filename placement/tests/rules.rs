@@ -84,3 +84,58 @@ fn elementwise_broadcasts_and_gathers() {
         assert!(e.contains("would cut two axes"), "{e}");
     });
 }
+
+#[test]
+fn ops_along_axes_need_them_whole() {
+    with(&[("dp", 2), ("tp", 3)], |m| {
+        let p = |c: &[(usize, &[&str])]| Placement::mesh(m, c).unwrap();
+        let x = p(&[(0, &["dp"]), (2, &["tp"])]);
+        // along a whole axis: the operand's placement
+        assert!(rules::along("t", &x, &[1], false).unwrap().equal(&x));
+        let e = rules::along("t", &x, &[1, 2], false).unwrap_err().to_string();
+        assert!(e.contains("t: axis 2 is cut over tp") && e.contains("place it whole first"), "{e}");
+        // a sum: refused for a nonlinear op, kept for a linear one
+        let s = Placement::partial(m, &["tp"], &[(0, &["dp"])]).unwrap();
+        let e = rules::along("t", &s, &[1], false).unwrap_err().to_string();
+        assert!(e.contains("a sum of terms"), "{e}");
+        assert!(rules::along("t", &s, &[1], true).unwrap().equal(&s));
+        // a value on one device stays there
+        let d = Placement::device(m.devices(), 4).unwrap();
+        assert!(rules::along("t", &d, &[0], false).unwrap().equal(&d));
+    });
+}
+
+#[test]
+fn attention_keeps_the_queries_placement_where_heads_group_on_every_device() {
+    with(&[("dp", 2), ("tp", 2)], |m| {
+        let p = |c: &[(usize, &[&str])]| Placement::mesh(m, c).unwrap();
+        // [b, h, t, d]: batch over dp, heads over tp
+        let q = p(&[(0, &["dp"]), (1, &["tp"])]);
+        let (qs, ks) = ([4, 8, 5, 3], [4, 4, 5, 3]);
+        assert!(rules::attention("t", &q, &qs, &q, &ks, &q, 1, 2).unwrap().equal(&q));
+        // 8 query heads over 4 key heads, 2 ways: each device's 4 query heads are 2 whole groups
+        // 6 query heads over 3 key heads cut 2 ways: heads 0..3 against key heads 0..2 (not 0..1.5)
+        let e = rules::attention("t", &q, &[4, 6, 5, 3], &q, &[4, 3, 5, 3], &q, 1, 2).unwrap_err().to_string();
+        assert!(e.contains("are not the groups of key heads"), "{e}");
+        // rows or features cut, operands unlike, a sum: refused, naming the placements
+        let rows = p(&[(2, &["tp"])]);
+        let e = rules::attention("t", &rows, &qs, &rows, &ks, &rows, 1, 2).unwrap_err().to_string();
+        assert!(e.contains("axis 2 is cut over tp"), "{e}");
+        let e = rules::attention("t", &q, &qs, &p(&[]), &ks, &q, 1, 2).unwrap_err().to_string();
+        assert!(e.contains("place them alike"), "{e}");
+        let s = Placement::partial(m, &["tp"], &[]).unwrap();
+        let e = rules::attention("t", &s, &qs, &s, &ks, &s, 1, 2).unwrap_err().to_string();
+        assert!(e.contains("a sum of terms"), "{e}");
+        // heads that do not divide
+        let e = rules::attention("t", &q, &[4, 5, 5, 3], &q, &[4, 2, 5, 3], &q, 1, 2).unwrap_err().to_string();
+        assert!(e.contains("heads at axis 1"), "{e}");
+    });
+    // 8 query heads over 4 key heads cut 3 ways: device 0 holds query heads 0..3 (a group and a
+    // half) against key heads 0..2
+    with(&[("tp", 3)], |m| {
+        let q = Placement::mesh(m, &[(1, &["tp"])]).unwrap();
+        let e = rules::attention("t", &q, &[1, 8, 5, 3], &q, &[1, 4, 5, 3], &q, 1, 2).unwrap_err().to_string();
+        assert!(e.contains("query heads 0..3 are not the groups of key heads 0..2 on device 0"), "{e}");
+        assert!(rules::attention("t", &q, &[1, 6, 5, 3], &q, &[1, 3, 5, 3], &q, 1, 2).unwrap().equal(&q));
+    });
+}
