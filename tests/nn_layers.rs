@@ -1,12 +1,13 @@
 //! The `nn` layers in every cut (`Linear` replicated, column- and row-parallel; `Embedding`
-//! replicated and vocabulary-parallel; `LayerNorm`) through a small network: each parameter's
+//! replicated and vocabulary-parallel; `LayerNorm`; dropout at two placements) through a small
+//! network: each parameter's
 //! gradient on meshes of 1–8 devices with uneven extents against the one-device gradient, and
 //! the one-device gradient against central finite differences (f64). Then what the collectives
 //! carry: a vocabulary-parallel cross-entropy never gathers its logits (its loss against a naive
 //! f64 one written here), and ZeRO-1's update closes gradients by reduce-scatters and
 //! re-assembles parameters by all-gathers where plain data parallelism all-reduces.
 
-use nx::autodiff::Tape;
+use nx::autodiff::{Dropout, Tape};
 use nx::nn::{Embedding, LayerNorm, Layout, Linear, Parallel, Params};
 use nx::optim::{AdamW, Zero};
 use nx::testing::Op;
@@ -70,9 +71,11 @@ fn run(dp: usize, tp: usize, perturb: Option<(&str, usize, f64)>) -> (f64, Vec<(
         let rows = l.cut(&[(0, &["dp"])])?;
         let ids = Tensor::<i64>::from_fn(ctx, &[5, 3], &rows, |i| ((i[0] * 5 + i[1] * 3) % 7) as i64)?;
         let h = tok.forward(&b, &ids)?.add(&vocab.forward(&b, &ids)?)?;
-        let h = ln.forward(&b, &h)?;
+        // dropout (a counter-based mask of the global index: the same on every mesh) at two
+        // placements: rows over dp, and rows over dp with the features over tp
+        let h = ln.forward(&b, &h)?.dropout(Dropout { p: 0.3, seed: 11 })?;
         let h = rep.forward(&b, &h)?.tanh()?;
-        let h = col.forward(&b, &h)?.gelu()?; // its features cut over tp
+        let h = col.forward(&b, &h)?.gelu()?.dropout(Dropout { p: 0.25, seed: 12 })?; // features over tp
         let y = row.forward(&b, &h)?; // closed over tp
                                       // Σ y ∘ R for a fixed R, closed to a scalar
         let r = Tensor::<f64>::from_fn(ctx, y.shape(), y.placement(), |i| {
