@@ -40,11 +40,10 @@ impl Warm {
     }
 
     /// Notes work that just ran on `pool` and, where no thread is looking, asks one of the pool's
-    /// threads other than the caller's to look for the next work for `keep`.
+    /// threads other than the caller's (where the caller is one of them) to look for the next
+    /// work for `keep`.
     pub(crate) fn after(self: &Arc<Self>, pool: &rayon::ThreadPool) {
-        // only for a caller on the pool: its threads own the cores then, while callers of their
-        // own (a simulated mesh's ranks) need the core a looking thread would hold
-        let Some(caller) = pool.current_thread_index() else { return };
+        let caller = pool.current_thread_index();
         if self.keep.is_zero() || pool.current_num_threads() < 2 {
             return;
         }
@@ -55,7 +54,7 @@ impl Warm {
         let warm = Arc::clone(self);
         pool.spawn_broadcast(move |ctx| {
             // the caller's own copy, run when it next waits, and every copy after the first
-            if ctx.index() == caller || warm.looking.swap(true, Ordering::Acquire) {
+            if Some(ctx.index()) == caller || warm.looking.swap(true, Ordering::Acquire) {
                 return;
             }
             let keep = u64::try_from(warm.keep.as_nanos()).unwrap_or(u64::MAX);
@@ -88,8 +87,8 @@ mod tests {
         false
     }
 
-    /// After work called from a thread of the pool, another thread looks until `keep` has passed
-    /// with no work, then stops; from outside the pool, of a pool of one thread and with `keep`
+    /// After work on the pool (called from one of its threads or from outside), a thread looks
+    /// until `keep` has passed with no work, then stops; with a pool of one thread or `keep`
     /// zero, none looks.
     #[test]
     fn a_thread_looks_after_work_on_the_pool_then_sleeps() {
@@ -106,14 +105,15 @@ mod tests {
             });
         }
         assert!(within(|| !looking(&warm)), "the looking thread never stopped");
+        // called from outside the pool
+        warm.after(&pool);
+        assert!(within(|| looking(&warm)), "no thread looked after a call from outside");
+        assert!(within(|| !looking(&warm)), "the looking thread never stopped");
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
         let none = Arc::new(Warm::new(Duration::ZERO));
-        for (w, p) in [(&warm, &pool), (&warm, &one), (&none, &pool)] {
-            if std::ptr::eq(p, &pool) && Arc::ptr_eq(w, &warm) {
-                w.after(p);
-            } else {
-                p.install(|| w.after(p));
-            }
+        for (w, p) in [(&warm, &one), (&none, &pool)] {
+            p.install(|| w.after(p));
+            w.after(p);
             std::thread::sleep(Duration::from_millis(20));
             assert!(!looking(w));
         }
