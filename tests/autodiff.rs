@@ -451,7 +451,7 @@ proptest::proptest! {
 
 /// Each transition's backward is its dual: the adjoint of the identity (the gradient's global
 /// value is the cotangent's), issuing the dual collective; on meshes of one, two and three axes,
-/// 2–8 devices (5 rows over 8 devices: ranks with empty windows).
+/// 3–8 devices (5 rows over 8 devices: ranks with empty windows).
 #[test]
 fn transitions_backward_are_their_duals() {
     use nx::testing::Op;

@@ -110,6 +110,8 @@ fn layers_in_every_cut_have_the_one_device_gradients() {
     for (dp, tp) in [(2, 1), (1, 2), (2, 2), (1, 3), (3, 2), (2, 4)] {
         let (l, gs) = run(dp, tp, None);
         assert!((l - loss).abs() <= 1e-10 * (1.0 + loss.abs()), "dp={dp}, tp={tp}: loss {l} against {loss}");
+        let names = |v: &[(String, Vec<f64>)]| v.iter().map(|(n, g)| (n.clone(), g.len())).collect::<Vec<_>>();
+        assert_eq!(names(&gs), names(&reference), "dp={dp}, tp={tp}: the parameters and their sizes");
         for ((name, a), (_, b)) in gs.iter().zip(&reference) {
             for (e, (x, y)) in a.iter().zip(b).enumerate() {
                 assert!((x - y).abs() <= 1e-10 * (1.0 + y.abs()), "dp={dp}, tp={tp}: {name}[{e}]: {x} against {y}");

@@ -427,6 +427,22 @@ fn this_thread_child() {
     assert_eq!(bits(&product(&three)), bits(&got));
     let own = host(3, 1);
     assert_eq!(bits(&product(&own)), bits(&got));
+    // such a library dropped after kernels called from its thread ends its pool's threads (no
+    // request for a looking thread outlives it)
+    let before = threads_now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let h = on_this(3);
+            for _ in 0..20 {
+                assert_eq!(bits(&product(&h)), bits(&got));
+            }
+        });
+    });
+    let t = std::time::Instant::now();
+    while threads_now() != before && t.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(threads_now(), before, "the threads of a dropped library on its own thread outlived it");
 }
 
 #[test]

@@ -191,7 +191,7 @@ impl Par {
             }
         }
         let simd = Simd::capped(options.simd);
-        let warm = Arc::new(super::warm::Warm::new(options.warm.unwrap_or(WARM)));
+        let warm = Arc::new(super::warm::Warm::new(options.warm.unwrap_or(WARM), options.this_thread));
         let pool = Arc::new(OnceLock::new());
         if options.this_thread {
             let built = rayon::ThreadPoolBuilder::new()

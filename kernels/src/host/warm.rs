@@ -27,12 +27,27 @@ pub(crate) struct Warm {
     last: AtomicU64,
     /// Whether a thread is looking now (one at a time).
     looking: AtomicBool,
+    /// Whether the pool's first thread is a caller's own (`HostOptions::this_thread`), which runs
+    /// no loop of its own and must never be the one looking.
+    first_is_callers: bool,
+    /// Lookers started, for the tests.
+    #[cfg(test)]
+    starts: std::sync::atomic::AtomicUsize,
 }
 
 impl Warm {
-    /// A state that keeps a thread looking for `keep` after the last work (none for zero).
-    pub(crate) fn new(keep: Duration) -> Warm {
-        Warm { keep, base: Instant::now(), last: AtomicU64::new(0), looking: AtomicBool::new(false) }
+    /// A state that keeps a thread looking for `keep` after the last work (none for zero), never
+    /// the pool's first thread where it is a caller's own (`first_is_callers`).
+    pub(crate) fn new(keep: Duration, first_is_callers: bool) -> Warm {
+        Warm {
+            keep,
+            base: Instant::now(),
+            last: AtomicU64::new(0),
+            looking: AtomicBool::new(false),
+            first_is_callers,
+            #[cfg(test)]
+            starts: std::sync::atomic::AtomicUsize::new(0),
+        }
     }
 
     fn now(&self) -> u64 {
@@ -40,8 +55,13 @@ impl Warm {
     }
 
     /// Notes work that just ran on `pool` and, where no thread is looking, asks one of the pool's
-    /// threads other than the caller's (where the caller is one of them) to look for the next
-    /// work for `keep`.
+    /// threads — not the caller's, nor a first thread that is a caller's own — to look for the
+    /// next work for `keep`.
+    ///
+    /// The request is a job spawned on the pool (from one of its threads onto that thread's queue,
+    /// where the others steal it; pushing it wakes a sleeper): a job every thread that runs the
+    /// pool's loop takes in time, so none is left behind when the pool ends (rayon ends a pool's
+    /// threads once its spawned jobs have run). A thread that must not look returns from it at once.
     pub(crate) fn after(self: &Arc<Self>, pool: &rayon::ThreadPool) {
         let caller = pool.current_thread_index();
         if self.keep.is_zero() || pool.current_num_threads() < 2 {
@@ -52,11 +72,14 @@ impl Warm {
             return;
         }
         let warm = Arc::clone(self);
-        pool.spawn_broadcast(move |ctx| {
-            // the caller's own copy, run when it next waits, and every copy after the first
-            if Some(ctx.index()) == caller || warm.looking.swap(true, Ordering::Acquire) {
+        pool.spawn(move || {
+            let me = rayon::current_thread_index();
+            let barred = me == caller || (warm.first_is_callers && me == Some(0));
+            if barred || warm.looking.swap(true, Ordering::Acquire) {
                 return;
             }
+            #[cfg(test)]
+            warm.starts.fetch_add(1, Ordering::Relaxed);
             let keep = u64::try_from(warm.keep.as_nanos()).unwrap_or(u64::MAX);
             loop {
                 match rayon::yield_now() {
@@ -94,14 +117,26 @@ mod tests {
     fn a_thread_looks_after_work_on_the_pool_then_sleeps() {
         let looking = |w: &Warm| w.looking.load(Ordering::Acquire);
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-        let warm = Arc::new(Warm::new(Duration::from_millis(30)));
-        pool.install(|| warm.after(&pool));
+        let warm = Arc::new(Warm::new(Duration::from_millis(30), false));
+        // the caller goes on working after its call (a program on the pool's thread), and
+        // another thread takes the request
+        let work_on = |d: Duration| {
+            let t = Instant::now();
+            while t.elapsed() < d {
+                std::hint::black_box(0);
+            }
+        };
+        pool.install(|| {
+            warm.after(&pool);
+            work_on(Duration::from_millis(5));
+        });
         assert!(within(|| looking(&warm)), "no thread looked for work");
         // work run meanwhile keeps it looking; then it stops
         for _ in 0..5 {
             pool.install(|| {
                 rayon::join(|| std::hint::black_box(1), || std::hint::black_box(2));
-                warm.after(&pool)
+                warm.after(&pool);
+                work_on(Duration::from_millis(1));
             });
         }
         assert!(within(|| !looking(&warm)), "the looking thread never stopped");
@@ -110,12 +145,14 @@ mod tests {
         assert!(within(|| looking(&warm)), "no thread looked after a call from outside");
         assert!(within(|| !looking(&warm)), "the looking thread never stopped");
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let none = Arc::new(Warm::new(Duration::ZERO));
+        let none = Arc::new(Warm::new(Duration::ZERO, false));
+        let started = warm.starts.load(Ordering::Relaxed);
         for (w, p) in [(&warm, &one), (&none, &pool)] {
             p.install(|| w.after(p));
             w.after(p);
             std::thread::sleep(Duration::from_millis(20));
             assert!(!looking(w));
         }
+        assert_eq!((warm.starts.load(Ordering::Relaxed), none.starts.load(Ordering::Relaxed)), (started, 0));
     }
 }
